@@ -1,0 +1,44 @@
+"""retrysafe: make non-idempotent HTTP requests (POST, PATCH) safe to retry.
+
+A client sends one ``Idempotency-Key`` per logical operation; the server runs the operation once,
+stores the response, and answers every retry with that stored response.
+"""
+
+from __future__ import annotations
+
+from ._codec import StoredResponse
+from ._config import (
+    DEFAULT_RELEASE_STATUSES,
+    DEFAULT_REPLAY_HEADER_DENYLIST,
+    IdempotencyConfig,
+    RouteOptions,
+)
+from ._errors import (
+    CodecError,
+    ConfigurationError,
+    IdempotencyError,
+    InvalidKeyError,
+    StoreError,
+    StoreUnavailableError,
+)
+from ._routes import idempotent
+from .stores import async_store_from_url, store_from_url
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DEFAULT_RELEASE_STATUSES",
+    "DEFAULT_REPLAY_HEADER_DENYLIST",
+    "CodecError",
+    "ConfigurationError",
+    "IdempotencyConfig",
+    "IdempotencyError",
+    "InvalidKeyError",
+    "RouteOptions",
+    "StoreError",
+    "StoreUnavailableError",
+    "StoredResponse",
+    "async_store_from_url",
+    "idempotent",
+    "store_from_url",
+]

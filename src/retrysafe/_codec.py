@@ -1,0 +1,103 @@
+"""StoredResponse <-> bytes.
+
+A versioned, explicit binary layout; never pickle (a store is shared data, and unpickling shared
+data executes code)::
+
+    b"RS" | version (1 byte) | flags (1 byte) | status (2 bytes, big endian)
+    | header count (2 bytes) | per header: name length (2) name, value length (4) value
+    | body (the rest)
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+from ._errors import CodecError
+
+__all__ = ["StoredResponse", "decode_response", "encode_response"]
+
+_MAGIC = b"RS"
+_VERSION = 1
+_FLAG_BODY_OMITTED = 0x01
+_HEAD = struct.Struct(">2sBBHH")
+_NAME = struct.Struct(">H")
+_VALUE = struct.Struct(">I")
+
+
+@dataclass(frozen=True, slots=True)
+class StoredResponse:
+    """A response as it is kept for replay.
+
+    Attributes:
+        status: the HTTP status code.
+        headers: raw header pairs, lower-case names, in the order they were sent.
+        body: the full body (empty when ``body_omitted``).
+        body_omitted: the body was larger than the storable limit and was not kept.
+    """
+
+    status: int
+    headers: tuple[tuple[bytes, bytes], ...]
+    body: bytes
+    body_omitted: bool = False
+
+
+def encode_response(response: StoredResponse) -> bytes:
+    """Serialize a response for a store.
+
+    Args:
+        response: the response to keep.
+
+    Returns:
+        The bytes to store.
+    """
+    flags = _FLAG_BODY_OMITTED if response.body_omitted else 0
+    parts = [_HEAD.pack(_MAGIC, _VERSION, flags, response.status, len(response.headers))]
+    for name, value in response.headers:
+        parts.append(_NAME.pack(len(name)))
+        parts.append(name)
+        parts.append(_VALUE.pack(len(value)))
+        parts.append(value)
+    parts.append(response.body)
+    return b"".join(parts)
+
+
+def decode_response(data: bytes) -> StoredResponse:
+    """Parse bytes written by :func:`encode_response`.
+
+    Args:
+        data: the stored bytes.
+
+    Returns:
+        The response.
+
+    Raises:
+        CodecError: the bytes are truncated, corrupt or of an unknown version.
+    """
+    view = memoryview(data)
+    try:
+        magic, version, flags, status, count = _HEAD.unpack_from(view, 0)
+        if magic != _MAGIC or version != _VERSION:
+            raise CodecError(f"unknown stored-response format (version {version})")
+        offset = _HEAD.size
+        headers = []
+        for _ in range(count):
+            (name_len,) = _NAME.unpack_from(view, offset)
+            offset += _NAME.size
+            name = bytes(view[offset : offset + name_len])
+            offset += name_len
+            (value_len,) = _VALUE.unpack_from(view, offset)
+            offset += _VALUE.size
+            value = bytes(view[offset : offset + value_len])
+            offset += value_len
+            if len(name) != name_len or len(value) != value_len:
+                raise CodecError("stored response is truncated")
+            headers.append((name, value))
+    except struct.error as exc:
+        raise CodecError("stored response is truncated") from exc
+    return StoredResponse(
+        status=status,
+        headers=tuple(headers),
+        body=bytes(view[offset:]),
+        body_omitted=bool(flags & _FLAG_BODY_OMITTED),
+    )

@@ -1,0 +1,99 @@
+"""Per-route settings: the :func:`idempotent` decorator and the lookup the middleware does.
+
+The decorator only marks an endpoint; it needs no framework. The ASGI middleware finds marked
+routes through ``scope["app"].routes`` (Starlette and FastAPI set ``scope["app"]`` before their
+middleware runs) and matches the request against those routes only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, Literal, TypeVar
+
+from ._config import RouteOptions, ScopeResolver
+
+__all__ = ["ROUTE_OPTIONS_ATTR", "find_route_options", "idempotent"]
+
+ROUTE_OPTIONS_ATTR = "__retrysafe_options__"
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def idempotent(
+    *,
+    enabled: bool = True,
+    required: bool | None = None,
+    ttl: float | None = None,
+    lease: float | None = None,
+    on_conflict: Literal["reject", "wait"] | None = None,
+    canonical_json: bool | None = None,
+    scope_resolver: ScopeResolver | None = None,
+    release_statuses: frozenset[int] | None = None,
+) -> Callable[[F], F]:
+    """Mark an endpoint with per-route idempotency settings (see :class:`RouteOptions`).
+
+    Example::
+
+        @app.post("/payments")
+        @idempotent(required=True, ttl=3600)
+        async def pay(...): ...
+
+    Returns:
+        A decorator that returns the endpoint unchanged, only marked.
+    """
+    options = RouteOptions(
+        enabled=enabled,
+        required=required,
+        ttl=ttl,
+        lease=lease,
+        on_conflict=on_conflict,
+        canonical_json=canonical_json,
+        scope_resolver=scope_resolver,
+        release_statuses=release_statuses,
+    )
+
+    def mark(endpoint: F) -> F:
+        setattr(endpoint, ROUTE_OPTIONS_ATTR, options)
+        return endpoint
+
+    return mark
+
+
+def _marked_routes(routes: Any) -> list[tuple[Any, RouteOptions]]:
+    found: list[tuple[Any, RouteOptions]] = []
+    for route in routes or ():
+        endpoint = getattr(route, "endpoint", None)
+        options = getattr(endpoint, ROUTE_OPTIONS_ATTR, None)
+        if isinstance(options, RouteOptions) and hasattr(route, "matches"):
+            found.append((route, options))
+    return found
+
+
+class RouteTable:
+    """Caches, per app object, the routes that carry options."""
+
+    def __init__(self) -> None:
+        self._by_app: dict[int, tuple[int, list[tuple[Any, RouteOptions]]]] = {}
+
+    def lookup(self, scope: Mapping[str, Any]) -> RouteOptions | None:
+        """Return the options of the marked route this request goes to, if any."""
+        app = scope.get("app")
+        routes = getattr(app, "routes", None)
+        if routes is None:
+            return None
+        cached = self._by_app.get(id(app))
+        if cached is None or cached[0] != len(routes):
+            cached = (len(routes), _marked_routes(routes))
+            self._by_app[id(app)] = cached
+        return find_route_options(cached[1], scope)
+
+
+def find_route_options(
+    marked: list[tuple[Any, RouteOptions]], scope: Mapping[str, Any]
+) -> RouteOptions | None:
+    """Return the options of the first marked route whose path (and method) matches."""
+    for route, options in marked:
+        match, _ = route.matches(scope)
+        if match.value == 2:  # starlette.routing.Match.FULL
+            return options
+    return None

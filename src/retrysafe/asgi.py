@@ -1,0 +1,463 @@
+"""Pure ASGI idempotency middleware (no Starlette import needed).
+
+Works in any ASGI app: Starlette, FastAPI, Litestar, or a bare ASGI callable::
+
+    app = IdempotencyMiddleware(app, store="sqlite:///idempotency.db")
+
+Per-request state lives in a :class:`_Exchange` object; the middleware itself keeps only its
+configuration, store and route cache.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from ._codec import StoredResponse, decode_response, encode_response
+from ._config import IdempotencyConfig, RouteOptions
+from ._core import Decision, decide, retry_after
+from ._errors import CodecError, ConfigurationError, InvalidKeyError, StoreError
+from ._fingerprint import fingerprint
+from ._keys import parse_key, record_id
+from ._problems import render_problem
+from ._routes import RouteTable
+from ._scope import asgi_default_scope
+from .stores import AsyncStore, Store, resolve_async_store
+from .stores._base import Reservation
+
+__all__ = ["IdempotencyMiddleware"]
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Any]]
+Send = Callable[[Any], Awaitable[None]]
+ASGIApp = Callable[[Any, Receive, Send], Awaitable[None]]
+
+logger = logging.getLogger("retrysafe")
+
+_REPLAYED = (b"idempotency-replayed", b"true")
+_BODY_OMITTED = (b"idempotency-body-omitted", b"true")
+
+
+class _RequestTooLarge(Exception):
+    pass
+
+
+class _ClientGone(Exception):
+    pass
+
+
+class IdempotencyMiddleware:
+    """Makes POST/PATCH requests that carry an ``Idempotency-Key`` safe to retry.
+
+    Args:
+        app: the ASGI app to protect.
+        store: a store URL (``"sqlite:///idempotency.db"``, ``"redis://..."``), an async store,
+            or a local synchronous store (memory, SQLite).
+        config: the settings; or pass them as keyword arguments instead.
+        **options: fields of :class:`~retrysafe.IdempotencyConfig`.
+
+    Raises:
+        ConfigurationError: bad settings or store (at construction, never per request).
+    """
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        store: str | AsyncStore | Store,
+        config: IdempotencyConfig | None = None,
+        **options: Any,
+    ) -> None:
+        if config is not None and options:
+            raise ConfigurationError("pass either config= or keyword options, not both")
+        self.app = app
+        self.config = config if config is not None else IdempotencyConfig(**options)
+        self.store = resolve_async_store(store)
+        self._routes = RouteTable()
+        self._route_configs: dict[int, IdempotencyConfig] = {}
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] not in self.config.methods:
+            await self.app(scope, receive, send)
+            return
+        options = self._routes.lookup(scope)
+        if options is not None and not options.enabled:
+            await self.app(scope, receive, send)
+            return
+        await _Exchange(self, self._config_for(options), scope, receive, send).run()
+
+    def _config_for(self, options: RouteOptions | None) -> IdempotencyConfig:
+        if options is None:
+            return self.config
+        config = self._route_configs.get(id(options))
+        if config is None:
+            config = self.config.with_route(options)
+            self._route_configs[id(options)] = config
+        return config
+
+
+class _Exchange:
+    """One request through the middleware."""
+
+    __slots__ = (
+        "body",
+        "client_gone",
+        "config",
+        "lease_lost",
+        "mw",
+        "receive",
+        "record_id",
+        "scope",
+        "send",
+        "token",
+    )
+
+    def __init__(
+        self,
+        mw: IdempotencyMiddleware,
+        config: IdempotencyConfig,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+    ) -> None:
+        self.mw = mw
+        self.config = config
+        self.scope = scope
+        self.receive = receive
+        self.send = send
+        self.body = b""
+        self.record_id = ""
+        self.token: str | None = None
+        self.client_gone = False
+        self.lease_lost = False
+
+    # -- entry ---------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        config = self.config
+        keys: list[bytes] = []
+        content_length = -1
+        content_type = b""
+        for name, value in self.scope["headers"]:
+            if name == b"idempotency-key":
+                keys.append(value)
+            elif name == b"content-length":
+                try:
+                    content_length = int(value)
+                except ValueError:
+                    content_length = -1
+            elif name == b"content-type":
+                content_type = value
+        if not keys:
+            if config.required:
+                await self._problem(
+                    "idempotency-key-missing", "This route requires an Idempotency-Key header."
+                )
+                return
+            await self.mw.app(self.scope, self.receive, self.send)
+            return
+        try:
+            key = parse_key(keys)
+        except InvalidKeyError as exc:
+            await self._problem("idempotency-key-invalid", exc.reason + ".")
+            return
+        if content_length > config.max_body_size:
+            await self._too_large()
+            return
+        try:
+            self.body = await self._read_body()
+        except _RequestTooLarge:
+            await self._too_large()
+            return
+        except _ClientGone:
+            return  # the client left before sending its body: nothing ran, nothing to answer
+        method: str = self.scope["method"]
+        path: str = self.scope["path"]
+        fp = fingerprint(
+            method,
+            path,
+            self.scope.get("query_string", b""),
+            self.body,
+            canonical_json=config.canonical_json,
+            content_type=content_type,
+        )
+        resolver = config.scope_resolver or asgi_default_scope
+        self.record_id = record_id(resolver(self.scope), method, path, key)
+        await self._dispatch(fp)
+
+    async def _dispatch(self, fp: str) -> None:
+        config = self.config
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + config.conflict_wait
+        delay = 0.01
+        while True:
+            reservation = await self._reserve(fp)
+            if reservation is None:
+                return
+            decision = decide(reservation, fp)
+            if decision is Decision.EXECUTE:
+                assert reservation.token is not None
+                self.token = reservation.token
+                await self._execute()
+                return
+            record = reservation.record
+            assert record is not None
+            if decision is Decision.REPLAY:
+                assert record.response is not None
+                await self._replay(record.response)
+                return
+            if decision is Decision.MISMATCH:
+                await self._problem(
+                    "idempotency-key-reused",
+                    "This Idempotency-Key was used with a different request "
+                    "(method, path, query or body).",
+                )
+                return
+            if config.on_conflict == "wait" and loop.time() + delay < deadline:
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 0.25)
+                continue
+            await self._problem(
+                "idempotency-request-in-progress",
+                "The first request with this Idempotency-Key is still being processed; "
+                "retry later.",
+                retry_after=retry_after(record.lease_remaining),
+            )
+            return
+
+    async def _reserve(self, fp: str) -> Reservation | None:
+        try:
+            return await self.mw.store.reserve(
+                self.record_id, fp, lease=self.config.lease, ttl=self.config.ttl
+            )
+        except StoreError as exc:
+            if self.config.on_store_error == "fail_open":
+                logger.warning("idempotency store failed, running unprotected: %s", exc)
+                await self.mw.app(self.scope, self._app_receive(), self.send)
+                return None
+            logger.error("idempotency store failed, answering 503: %s", exc)
+            await self._problem(
+                "idempotency-store-unavailable",
+                "The idempotency store cannot be reached; retry later.",
+                retry_after=self.config.store_retry_after,
+            )
+            return None
+
+    # -- request body --------------------------------------------------------------------------
+
+    async def _read_body(self) -> bytes:
+        limit = self.config.max_body_size
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await self.receive()
+            if message["type"] == "http.disconnect":
+                raise _ClientGone
+            chunk = message.get("body", b"")
+            if chunk:
+                size += len(chunk)
+                if size > limit:
+                    raise _RequestTooLarge
+                chunks.append(chunk)
+            if not message.get("more_body", False):
+                return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+    def _app_receive(self) -> Receive:
+        body_sent = False
+        receive = self.receive
+        body = self.body
+
+        async def app_receive() -> Message:
+            nonlocal body_sent
+            if not body_sent:
+                body_sent = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            message: Message = await receive()
+            return message
+
+        return app_receive
+
+    # -- running the handler -------------------------------------------------------------------
+
+    async def _execute(self) -> None:
+        config = self.config
+        status = 0
+        headers: list[tuple[bytes, bytes]] = []
+        chunks: list[bytes] = []
+        size = 0
+        omitted = False
+        finished = False
+        renewer = _Renewer(self)
+
+        async def app_send(message: Message) -> None:
+            nonlocal status, headers, size, omitted, finished
+            kind = message["type"]
+            if kind == "http.response.start":
+                status = message["status"]
+                headers = list(message.get("headers", ()))
+            elif kind == "http.response.body":
+                chunk = message.get("body", b"")
+                if chunk and not omitted:
+                    size += len(chunk)
+                    if size > config.max_stored_body_size:
+                        omitted = True
+                        chunks.clear()
+                    else:
+                        chunks.append(chunk)
+                if not message.get("more_body", False) and not finished:
+                    finished = True
+                    renewer.stop()
+                    # Record the outcome before the last byte leaves, so a client that got the
+                    # answer and retries at once is replayed, never told "in progress".
+                    await self._finish(status, headers, b"".join(chunks), omitted)
+            await self._forward(message)
+
+        renewer.start()
+        try:
+            await self.mw.app(self.scope, self._app_receive(), app_send)
+        except BaseException:
+            renewer.stop()
+            if not finished:
+                await self._release()
+            raise
+        renewer.stop()
+        if not finished:
+            logger.warning("handler returned without finishing its response; key released")
+            await self._release()
+
+    async def _forward(self, message: Message) -> None:
+        if self.client_gone:
+            return
+        try:
+            await self.send(message)
+        except OSError:
+            # The client went away. Keep going: the response is still captured and stored, so
+            # the client's retry gets the replay (guarantee 4).
+            self.client_gone = True
+
+    async def _finish(
+        self, status: int, headers: list[tuple[bytes, bytes]], body: bytes, omitted: bool
+    ) -> None:
+        assert self.token is not None
+        if not self.config.should_store(status):
+            await self._release()
+            return
+        response = StoredResponse(status, self._storable_headers(headers), body, omitted)
+        try:
+            done = await self.mw.store.complete(
+                self.record_id, self.token, encode_response(response), ttl=self.config.ttl
+            )
+        except StoreError as exc:
+            logger.error("could not store the response of %s: %s", self.record_id[:12], exc)
+            return
+        if not done:
+            logger.error(
+                "lease of %s was lost before completion; response not stored", self.record_id[:12]
+            )
+
+    def _storable_headers(
+        self, headers: list[tuple[bytes, bytes]]
+    ) -> tuple[tuple[bytes, bytes], ...]:
+        deny = self.config.replay_header_denylist
+        allow = self.config.replay_header_allowlist
+        kept = []
+        for name, value in headers:
+            lname = name.decode("latin-1").lower()
+            if lname in deny or (allow is not None and lname not in allow):
+                continue
+            kept.append((name.lower(), value))
+        return tuple(kept)
+
+    async def _release(self) -> None:
+        if self.token is None:
+            return
+        try:
+            await self.mw.store.release(self.record_id, self.token)
+        except StoreError as exc:
+            # The lease lapses on its own; the key is free again after it.
+            logger.error("could not release %s: %s", self.record_id[:12], exc)
+
+    # -- answers that do not run the handler ---------------------------------------------------
+
+    async def _replay(self, data: bytes) -> None:
+        try:
+            stored = decode_response(data)
+        except CodecError as exc:
+            logger.error("stored response of %s is unreadable: %s", self.record_id[:12], exc)
+            await self._problem(
+                "idempotency-store-unavailable",
+                "The stored response cannot be read.",
+                retry_after=self.config.store_retry_after,
+            )
+            return
+        headers = list(stored.headers)
+        if stored.body_omitted:
+            headers = [(n, v) for n, v in headers if n != b"content-length"]
+            headers.append((b"content-length", b"0"))
+            headers.append(_BODY_OMITTED)
+        headers.append(_REPLAYED)
+        await self.send(
+            {"type": "http.response.start", "status": stored.status, "headers": headers}
+        )
+        await self.send({"type": "http.response.body", "body": stored.body, "more_body": False})
+
+    async def _too_large(self) -> None:
+        await self._problem(
+            "idempotency-request-too-large",
+            f"The request body exceeds {self.config.max_body_size} bytes.",
+        )
+
+    async def _problem(self, slug: str, detail: str, *, retry_after: int | None = None) -> None:
+        status, headers, body = render_problem(
+            slug,
+            detail,
+            type_base=self.config.problem_type_base,
+            documentation_url=self.config.documentation_url,
+            retry_after=retry_after,
+        )
+        await self.send({"type": "http.response.start", "status": status, "headers": headers})
+        await self.send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+class _Renewer:
+    """Renews the lease every ``lease / 3`` while the handler runs.
+
+    A timer, not a task: a fast handler (the common case) finishes before the first tick and
+    costs one ``call_later`` and one ``cancel``.
+    """
+
+    __slots__ = ("exchange", "handle", "task")
+
+    def __init__(self, exchange: _Exchange) -> None:
+        self.exchange = exchange
+        self.handle: asyncio.TimerHandle | None = None
+        self.task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self.handle = loop.call_later(self.exchange.config.lease / 3, self._tick)
+
+    def stop(self) -> None:
+        if self.handle is not None:
+            self.handle.cancel()
+            self.handle = None
+
+    def _tick(self) -> None:
+        self.task = asyncio.get_running_loop().create_task(self._renew())
+        self.start()
+
+    async def _renew(self) -> None:
+        ex = self.exchange
+        assert ex.token is not None
+        try:
+            ok = await ex.mw.store.renew(ex.record_id, ex.token, lease=ex.config.lease)
+        except StoreError as exc:
+            logger.warning("could not renew the lease of %s: %s", ex.record_id[:12], exc)
+            return
+        if not ok:
+            ex.lease_lost = True
+            self.stop()
+            logger.error("lease of %s was taken over while its handler ran", ex.record_id[:12])

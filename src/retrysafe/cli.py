@@ -1,0 +1,150 @@
+"""The ``retrysafe`` command: demo, purge, check, inspect, schema.
+
+Only here (and in framework adapters) is the environment read: ``RETRYSAFE_STORE_URL`` is the
+default of every ``--store``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+from ._errors import IdempotencyError
+from ._keys import record_id
+from .stores import store_from_url
+
+__all__ = ["main"]
+
+
+def _store_arg(parser: argparse.ArgumentParser, default: str | None = None) -> None:
+    parser.add_argument(
+        "--store",
+        default=os.environ.get("RETRYSAFE_STORE_URL", default),
+        required=default is None and "RETRYSAFE_STORE_URL" not in os.environ,
+        help="store URL (default: $RETRYSAFE_STORE_URL)",
+    )
+
+
+def _demo(args: argparse.Namespace) -> int:
+    try:
+        import uvicorn
+
+        from .demo.app import create_app
+    except ImportError as exc:
+        print(f"retrysafe demo needs: pip install 'retrysafe[demo]' ({exc})", file=sys.stderr)
+        return 2
+    app = create_app(store=args.store, db=args.db, ttl=args.ttl, lease=args.lease)
+    print(f"OrderHub on http://{args.host}:{args.port}/ (store {args.store})", flush=True)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    return 0
+
+
+def _purge(args: argparse.Namespace) -> int:
+    store = store_from_url(args.store)
+    try:
+        print(f"purged {store.purge_expired()} expired records")
+    finally:
+        store.close()
+    return 0
+
+
+def _check(args: argparse.Namespace) -> int:
+    store = store_from_url(args.store)
+    try:
+        probe = "retrysafe-check:" + os.urandom(8).hex()
+        reservation = store.reserve(probe, "check", lease=5.0, ttl=10.0)
+        if reservation.token is None or not store.release(probe, reservation.token):
+            print("store answered, but a reserve/release round trip failed", file=sys.stderr)
+            return 1
+    finally:
+        store.close()
+    print(f"ok: {args.store.split('://')[0]} store reachable; reserve and release work")
+    return 0
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    rid = record_id(args.scope, args.method.upper(), args.path, args.key)
+    store = store_from_url(args.store)
+    try:
+        record = store.get(rid)
+    finally:
+        store.close()
+    if record is None:
+        print(f"record {rid[:16]}: none (never used, released, or expired)")
+        return 1
+    print(f"record {rid[:16]}: {record.state}")
+    if record.state == "in_progress":
+        print(f"  lease remaining: {record.lease_remaining:.1f} s")
+    elif record.response is not None:
+        from ._codec import decode_response
+
+        stored = decode_response(record.response)
+        print(f"  status: {stored.status}, body: {len(stored.body)} bytes")
+    return 0
+
+
+def _schema(args: argparse.Namespace) -> int:
+    store = store_from_url(args.store)
+    try:
+        ensure = getattr(store, "ensure_schema", None)
+        if ensure is not None:
+            ensure()
+    finally:
+        store.close()
+    print(f"schema ready in {args.store.split('://')[0]} store")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Return the argument parser of the ``retrysafe`` command."""
+    parser = argparse.ArgumentParser(prog="retrysafe", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    demo = sub.add_parser("demo", help="serve the OrderHub demo")
+    demo.add_argument("--host", default="127.0.0.1")
+    demo.add_argument("--port", type=int, default=8000)
+    _store_arg(demo, "sqlite:///./retrysafe-demo.db")
+    demo.add_argument("--db", default=None, help="where orders live (default: the store's db)")
+    demo.add_argument("--ttl", type=float, default=24 * 3600.0, help="retention, seconds")
+    demo.add_argument("--lease", type=float, default=30.0, help="lease, seconds")
+    demo.add_argument("--log-level", default="info")
+    demo.set_defaults(func=_demo)
+
+    purge = sub.add_parser("purge", help="delete expired records")
+    _store_arg(purge)
+    purge.set_defaults(func=_purge)
+
+    check = sub.add_parser("check", help="check that a store is reachable and works")
+    _store_arg(check)
+    check.set_defaults(func=_check)
+
+    inspect = sub.add_parser("inspect", help="show the record of one key")
+    _store_arg(inspect)
+    inspect.add_argument("--key", required=True)
+    inspect.add_argument("--method", default="POST")
+    inspect.add_argument("--path", required=True)
+    inspect.add_argument("--scope", default="", help="the scope the key belongs to")
+    inspect.set_defaults(func=_inspect)
+
+    schema = sub.add_parser("schema", help="create the store's tables")
+    schema.add_argument("action", choices=["apply"])
+    _store_arg(schema)
+    schema.set_defaults(func=_schema)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    try:
+        code: int = args.func(args)
+    except IdempotencyError as exc:
+        print(f"retrysafe: {exc}", file=sys.stderr)
+        return 2
+    return code
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Framework integrations: ``retrysafe.contrib.fastapi`` and others (each behind an extra)."""

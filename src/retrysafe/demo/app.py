@@ -1,0 +1,157 @@
+"""OrderHub: a small orders-and-payments API protected by retrysafe (DESIGN section 5)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from importlib import resources
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from .._config import IdempotencyConfig
+from .._routes import idempotent
+from ..asgi import IdempotencyMiddleware
+from .db import OrderDB, open_db
+
+__all__ = ["DEFAULT_STORE", "create_app", "default_db_url"]
+
+DEFAULT_STORE = "sqlite:///./retrysafe-demo.db"
+
+
+class DemoFailure(Exception):
+    """Raised by the ``?fail=1`` knob: the handler fails after doing nothing."""
+
+
+def default_db_url(store_url: str) -> str:
+    """OrderHub's data goes to the store's own database when the store is SQL."""
+    if store_url.startswith("sqlite:///"):
+        return store_url.split("?", 1)[0]
+    return "sqlite:///./orderhub.db"
+
+
+def _problem(status: int, title: str, detail: str) -> Response:
+    body = {"type": "urn:orderhub:problem:invalid-request", "title": title, "status": status}
+    body["detail"] = detail
+    return Response(json.dumps(body), status, media_type="application/problem+json")
+
+
+def _owner(request: Request) -> str:
+    auth = request.headers.get("authorization", "")
+    scheme, _, name = auth.partition(" ")
+    return name.strip() if scheme.lower() == "bearer" and name.strip() else "anonymous"
+
+
+def _int_param(request: Request, name: str) -> int:
+    raw = request.query_params.get(name, "0")
+    try:
+        return max(0, min(int(raw), 600_000))
+    except ValueError:
+        return 0
+
+
+async def _create(request: Request, kind: str, fields: dict[str, type], db: OrderDB) -> Response:
+    try:
+        data = json.loads(await request.body())
+    except ValueError:
+        return _problem(400, "Body is not JSON", "Send a JSON object.")
+    if not isinstance(data, dict):
+        return _problem(422, "Invalid " + kind[:-1], "The body must be a JSON object.")
+    values: dict[str, Any] = {}
+    for name, typ in fields.items():
+        value = data.get(name)
+        if not isinstance(value, typ) or isinstance(value, bool):
+            return _problem(422, "Invalid " + kind[:-1], f"{name!r} must be {typ.__name__}.")
+        values[name] = value
+    delay_ms = _int_param(request, "delay_ms")
+    if delay_ms:
+        await asyncio.sleep(delay_ms / 1000)
+    if request.query_params.get("fail") == "1":
+        raise DemoFailure(f"the {kind} handler failed on purpose (?fail=1)")
+    record = db.add(kind, _owner(request), **values)
+    delay_after_ms = _int_param(request, "delay_after_ms")
+    if delay_after_ms:
+        await asyncio.sleep(delay_after_ms / 1000)
+    return JSONResponse(record, 201, headers={"Location": f"/{kind}/{record['id']}"})
+
+
+def _listing(kind: str, db: OrderDB) -> Any:
+    async def endpoint(request: Request) -> Response:
+        limit: int | None = None
+        if "limit" in request.query_params:
+            try:
+                limit = max(0, int(request.query_params["limit"]))
+            except ValueError:
+                return _problem(400, "Bad limit", "limit must be an integer.")
+        count, records = db.list(kind, limit)
+        return JSONResponse({"count": count, kind: records})
+
+    return endpoint
+
+
+def _detail(kind: str, db: OrderDB) -> Any:
+    async def endpoint(request: Request) -> Response:
+        record = db.get(kind, request.path_params["record_id"])
+        if record is None:
+            return _problem(404, "Not found", f"No such {kind[:-1]}.")
+        return JSONResponse(record)
+
+    return endpoint
+
+
+def create_app(
+    *,
+    store: str = DEFAULT_STORE,
+    db: str | None = None,
+    ttl: float = 24 * 3600.0,
+    lease: float = 30.0,
+) -> Starlette:
+    """Build OrderHub.
+
+    Args:
+        store: the idempotency store URL.
+        db: where orders and payments live (default: the store's database when it is SQLite).
+        ttl: retention of completed records, seconds.
+        lease: lease of in-progress records, seconds.
+
+    Returns:
+        The ASGI app.
+    """
+    database = open_db(db or default_db_url(store))
+    page = resources.files("retrysafe.demo").joinpath("static", "index.html").read_bytes()
+
+    async def index(request: Request) -> Response:
+        return Response(page, media_type="text/html; charset=utf-8")
+
+    async def create_order(request: Request) -> Response:
+        return await _create(request, "orders", {"item": str, "quantity": int}, database)
+
+    @idempotent(required=True)
+    async def create_payment(request: Request) -> Response:
+        return await _create(request, "payments", {"amount": int, "currency": str}, database)
+
+    async def reset(request: Request) -> Response:
+        database.reset()
+        return Response(status_code=204)
+
+    async def failed(request: Request, exc: Exception) -> Response:
+        return _problem(500, "Handler failed", str(exc))
+
+    routes = [
+        Route("/", index),
+        Route("/orders", create_order, methods=["POST"]),
+        Route("/orders", _listing("orders", database), methods=["GET"]),
+        Route("/orders/{record_id:int}", _detail("orders", database)),
+        Route("/payments", create_payment, methods=["POST"]),
+        Route("/payments", _listing("payments", database), methods=["GET"]),
+        Route("/payments/{record_id:int}", _detail("payments", database)),
+        Route("/reset", reset, methods=["POST"]),
+    ]
+    config = IdempotencyConfig(ttl=ttl, lease=lease)
+    # mypy cannot match a constructor with **options against Starlette's ParamSpec factory.
+    middleware = [Middleware(IdempotencyMiddleware, store=store, config=config)]  # type: ignore[arg-type]
+    return Starlette(routes=routes, middleware=middleware, exception_handlers={DemoFailure: failed})

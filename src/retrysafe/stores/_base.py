@@ -1,0 +1,135 @@
+"""The store contract shared by every backend.
+
+A store keeps one record per scoped key. ``reserve`` is the single atomic step that decides the
+winner; ``renew``, ``complete`` and ``release`` are compare-and-set on the reservation's token
+(fencing), so a process that lost its lease can neither overwrite nor delete the record of the
+request that took over.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+from typing import Literal, Protocol, runtime_checkable
+
+__all__ = [
+    "AsyncStore",
+    "Record",
+    "Reservation",
+    "Store",
+    "new_token",
+]
+
+RecordState = Literal["in_progress", "completed"]
+
+
+def new_token() -> str:
+    """Return a fresh, unguessable reservation token."""
+    return secrets.token_hex(16)
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """What a store holds for one scoped key.
+
+    Attributes:
+        fingerprint: the fingerprint of the request that reserved the key.
+        state: ``"in_progress"`` while the first request runs, ``"completed"`` once stored.
+        response: the encoded response (completed records only).
+        lease_remaining: seconds left on the lease (in-progress records; 0 when lapsed).
+    """
+
+    fingerprint: str
+    state: RecordState
+    response: bytes | None = None
+    lease_remaining: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """The result of :meth:`Store.reserve`: either this call won the key, or the existing record.
+
+    Attributes:
+        token: the fencing token when this call won the key, else ``None``.
+        record: the record that holds the key when this call did not win.
+    """
+
+    token: str | None = None
+    record: Record | None = None
+
+    @property
+    def acquired(self) -> bool:
+        """Whether this call won the key and must run the request."""
+        return self.token is not None
+
+
+@runtime_checkable
+class AsyncStore(Protocol):
+    """The asynchronous store interface (ASGI)."""
+
+    async def reserve(
+        self, record_id: str, fingerprint: str, *, lease: float, ttl: float
+    ) -> Reservation:
+        """Atomically reserve ``record_id`` or return the record that holds it.
+
+        A record whose retention ended, or an in-progress record whose lease lapsed (its owner
+        crashed), is taken over by this call.
+        """
+        ...
+
+    async def renew(self, record_id: str, token: str, *, lease: float) -> bool:
+        """Extend the lease; ``False`` when ``token`` no longer holds the key."""
+        ...
+
+    async def complete(self, record_id: str, token: str, response: bytes, *, ttl: float) -> bool:
+        """Store the response and keep it ``ttl`` seconds; ``False`` when fenced out."""
+        ...
+
+    async def release(self, record_id: str, token: str) -> bool:
+        """Delete the reservation so a retry can run; ``False`` when fenced out."""
+        ...
+
+    async def get(self, record_id: str) -> Record | None:
+        """Return the live record of ``record_id``, if any."""
+        ...
+
+    async def purge_expired(self) -> int:
+        """Delete records whose retention ended; return how many."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release connections."""
+        ...
+
+
+@runtime_checkable
+class Store(Protocol):
+    """The synchronous store interface (WSGI, Django, scripts); same semantics as AsyncStore."""
+
+    def reserve(self, record_id: str, fingerprint: str, *, lease: float, ttl: float) -> Reservation:
+        """See :meth:`AsyncStore.reserve`."""
+        ...
+
+    def renew(self, record_id: str, token: str, *, lease: float) -> bool:
+        """See :meth:`AsyncStore.renew`."""
+        ...
+
+    def complete(self, record_id: str, token: str, response: bytes, *, ttl: float) -> bool:
+        """See :meth:`AsyncStore.complete`."""
+        ...
+
+    def release(self, record_id: str, token: str) -> bool:
+        """See :meth:`AsyncStore.release`."""
+        ...
+
+    def get(self, record_id: str) -> Record | None:
+        """See :meth:`AsyncStore.get`."""
+        ...
+
+    def purge_expired(self) -> int:
+        """See :meth:`AsyncStore.purge_expired`."""
+        ...
+
+    def close(self) -> None:
+        """Release connections."""
+        ...

@@ -1,0 +1,135 @@
+"""In-process store: a dict behind one lock. For tests, development and single-process apps."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ._base import Record, Reservation, new_token
+from ._inline import InlineAsyncStore
+
+__all__ = ["AsyncMemoryStore", "MemoryStore"]
+
+
+@dataclass(slots=True)
+class _Entry:
+    fingerprint: str
+    token: str | None
+    lease_expires_at: float
+    expires_at: float
+    response: bytes | None = None
+
+
+class MemoryStore:
+    """Keeps records in this process's memory (lost on restart, not shared between processes).
+
+    Args:
+        clock: returns the current time in seconds (injectable for tests).
+    """
+
+    inline_safe = True
+
+    def __init__(self, *, clock: Callable[[], float] = time.time) -> None:
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._entries: dict[str, _Entry] = {}
+
+    @classmethod
+    def from_url(cls, url: str) -> MemoryStore:
+        """Build from ``memory://``."""
+        return cls()
+
+    @staticmethod
+    def _record(entry: _Entry, now: float) -> Record:
+        if entry.response is not None:
+            return Record(entry.fingerprint, "completed", entry.response)
+        return Record(
+            entry.fingerprint, "in_progress", lease_remaining=max(0.0, entry.lease_expires_at - now)
+        )
+
+    def reserve(self, record_id: str, fingerprint: str, *, lease: float, ttl: float) -> Reservation:
+        """See :meth:`retrysafe.stores.Store.reserve`."""
+        with self._lock:
+            now = self._clock()
+            entry = self._entries.get(record_id)
+            if (
+                entry is None
+                or entry.expires_at <= now
+                or (entry.response is None and entry.lease_expires_at <= now)
+            ):
+                token = new_token()
+                self._entries[record_id] = _Entry(fingerprint, token, now + lease, now + ttl)
+                return Reservation(token=token)
+            return Reservation(record=self._record(entry, now))
+
+    def _owned(self, record_id: str, token: str) -> _Entry | None:
+        entry = self._entries.get(record_id)
+        if entry is None or entry.token != token or entry.response is not None:
+            return None
+        return entry
+
+    def renew(self, record_id: str, token: str, *, lease: float) -> bool:
+        """See :meth:`retrysafe.stores.Store.renew`."""
+        with self._lock:
+            entry = self._owned(record_id, token)
+            if entry is None:
+                return False
+            entry.lease_expires_at = self._clock() + lease
+            return True
+
+    def complete(self, record_id: str, token: str, response: bytes, *, ttl: float) -> bool:
+        """See :meth:`retrysafe.stores.Store.complete`."""
+        with self._lock:
+            entry = self._owned(record_id, token)
+            if entry is None:
+                return False
+            entry.response = response
+            entry.expires_at = self._clock() + ttl
+            return True
+
+    def release(self, record_id: str, token: str) -> bool:
+        """See :meth:`retrysafe.stores.Store.release`."""
+        with self._lock:
+            if self._owned(record_id, token) is None:
+                return False
+            del self._entries[record_id]
+            return True
+
+    def get(self, record_id: str) -> Record | None:
+        """See :meth:`retrysafe.stores.Store.get`."""
+        with self._lock:
+            now = self._clock()
+            entry = self._entries.get(record_id)
+            if entry is None or entry.expires_at <= now:
+                return None
+            return self._record(entry, now)
+
+    def purge_expired(self) -> int:
+        """See :meth:`retrysafe.stores.Store.purge_expired`."""
+        with self._lock:
+            now = self._clock()
+            dead = [rid for rid, entry in self._entries.items() if entry.expires_at <= now]
+            for rid in dead:
+                del self._entries[rid]
+            return len(dead)
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+class AsyncMemoryStore(InlineAsyncStore):
+    """The async face of :class:`MemoryStore` (operations run inline; they never wait).
+
+    Args:
+        clock: returns the current time in seconds (injectable for tests).
+    """
+
+    def __init__(self, *, clock: Callable[[], float] = time.time) -> None:
+        super().__init__(MemoryStore(clock=clock))
+
+    @classmethod
+    def from_url(cls, url: str) -> AsyncMemoryStore:
+        """Build from ``memory://``."""
+        return cls()

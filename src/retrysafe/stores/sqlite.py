@@ -1,0 +1,215 @@
+"""SQLite store: the embedded default. Zero set-up, shared by every process using the file.
+
+Connections are opened lazily, one per thread, in autocommit mode with ``journal_mode=WAL``,
+``synchronous=NORMAL`` and a ``busy_timeout``. Every operation is one statement (reserve is an
+``INSERT ... ON CONFLICT DO UPDATE ... WHERE ... RETURNING``), so each is atomic under SQLite's
+write lock across threads and processes. The async face calls SQLite inline on the event loop;
+see :mod:`retrysafe.stores._inline` for why.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs
+
+from .._errors import ConfigurationError, StoreError, StoreUnavailableError
+from ._base import Record, Reservation, new_token
+from ._inline import InlineAsyncStore
+from ._sql import load_queries
+
+__all__ = ["AsyncSQLiteStore", "SQLiteStore", "parse_sqlite_url"]
+
+_PURGE_BATCH = 1000
+
+
+def parse_sqlite_url(url: str) -> tuple[str, dict[str, str]]:
+    """Split ``sqlite:///relative.db`` / ``sqlite:////abs.db`` into (path, query options).
+
+    Raises:
+        ConfigurationError: not a sqlite URL or no path.
+    """
+    if not url.startswith("sqlite:///"):
+        raise ConfigurationError(f"not a sqlite:/// URL: {url!r}")
+    rest = url[len("sqlite:///") :]
+    path, _, query = rest.partition("?")
+    if not path:
+        raise ConfigurationError("sqlite URL has no path (sqlite:///file.db)")
+    options = {k: v[-1] for k, v in parse_qs(query).items()}
+    return path, options
+
+
+class SQLiteStore:
+    """Keeps records in a SQLite file.
+
+    Args:
+        path: the database file (created if missing), or ``":memory:"``.
+        busy_timeout: seconds to wait for another writer's lock before failing.
+        clock: returns the current time in seconds (injectable for tests).
+    """
+
+    inline_safe = True
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        busy_timeout: float = 5.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.path = str(path)
+        self._busy_ms = int(busy_timeout * 1000)
+        self._clock = clock
+        self._local = threading.local()
+        self._q = load_queries("sqlite.sql")
+        self._schema_lock = threading.Lock()
+        self._schema_ready = False
+        self._connections: list[sqlite3.Connection] = []
+
+    @classmethod
+    def from_url(cls, url: str) -> SQLiteStore:
+        """Build from ``sqlite:///path.db?busy_timeout=5``."""
+        path, options = parse_sqlite_url(url)
+        kwargs: dict[str, Any] = {}
+        if "busy_timeout" in options:
+            kwargs["busy_timeout"] = float(options["busy_timeout"])
+        return cls(path, **kwargs)
+
+    def _connect(self) -> sqlite3.Connection:
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is not None:
+            return conn
+        try:
+            conn = sqlite3.connect(
+                self.path, isolation_level=None, check_same_thread=False, timeout=0
+            )
+            conn.execute(f"PRAGMA busy_timeout = {self._busy_ms}")
+            if self.path != ":memory:":
+                conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute("PRAGMA synchronous = NORMAL")
+            with self._schema_lock:
+                if not self._schema_ready:
+                    conn.execute(self._q["create_table"])
+                    conn.execute(self._q["create_index"])
+                    self._schema_ready = True
+        except sqlite3.Error as exc:
+            raise StoreUnavailableError(f"cannot open SQLite store: {exc}", store="sqlite") from exc
+        self._local.conn = conn
+        self._connections.append(conn)
+        return conn
+
+    def ensure_schema(self) -> None:
+        """Create the table and index now (they are otherwise created on first use)."""
+        self._connect()
+
+    def _run(self, name: str, params: dict[str, Any]) -> sqlite3.Cursor:
+        try:
+            return self._connect().execute(self._q[name], params)
+        except sqlite3.OperationalError as exc:
+            raise StoreUnavailableError(f"SQLite {name} failed: {exc}", store="sqlite") from exc
+        except sqlite3.Error as exc:
+            raise StoreError(f"SQLite {name} failed: {exc}", store="sqlite") from exc
+
+    @staticmethod
+    def _record(row: tuple[Any, ...], now: float) -> Record:
+        fingerprint, state, lease_expires_at, response = row
+        if state == 1:
+            return Record(fingerprint, "completed", bytes(response))
+        return Record(fingerprint, "in_progress", lease_remaining=max(0.0, lease_expires_at - now))
+
+    def reserve(self, record_id: str, fingerprint: str, *, lease: float, ttl: float) -> Reservation:
+        """See :meth:`retrysafe.stores.Store.reserve`."""
+        while True:
+            now = self._clock()
+            token = new_token()
+            won = self._run(
+                "reserve",
+                {
+                    "id": record_id,
+                    "fingerprint": fingerprint,
+                    "token": token,
+                    "lease_expires_at": now + lease,
+                    "expires_at": now + ttl,
+                    "now": now,
+                },
+            ).fetchall()
+            if won:
+                return Reservation(token=token)
+            row = self._run("get", {"id": record_id, "now": now}).fetchone()
+            if row is not None:
+                return Reservation(record=self._record(row, now))
+            # Released or purged between the two statements: try again.
+
+    def renew(self, record_id: str, token: str, *, lease: float) -> bool:
+        """See :meth:`retrysafe.stores.Store.renew`."""
+        params = {"id": record_id, "token": token, "lease_expires_at": self._clock() + lease}
+        return self._run("renew", params).rowcount == 1
+
+    def complete(self, record_id: str, token: str, response: bytes, *, ttl: float) -> bool:
+        """See :meth:`retrysafe.stores.Store.complete`."""
+        params = {
+            "id": record_id,
+            "token": token,
+            "response": response,
+            "expires_at": self._clock() + ttl,
+        }
+        return self._run("complete", params).rowcount == 1
+
+    def release(self, record_id: str, token: str) -> bool:
+        """See :meth:`retrysafe.stores.Store.release`."""
+        return self._run("release", {"id": record_id, "token": token}).rowcount == 1
+
+    def get(self, record_id: str) -> Record | None:
+        """See :meth:`retrysafe.stores.Store.get`."""
+        now = self._clock()
+        row = self._run("get", {"id": record_id, "now": now}).fetchone()
+        return None if row is None else self._record(row, now)
+
+    def purge_expired(self) -> int:
+        """See :meth:`retrysafe.stores.Store.purge_expired`; deletes in batches."""
+        total = 0
+        now = self._clock()
+        while True:
+            deleted = self._run("purge", {"now": now, "batch": _PURGE_BATCH}).rowcount
+            total += deleted
+            if deleted < _PURGE_BATCH:
+                return total
+
+    def close(self) -> None:
+        """Close every connection this store opened."""
+        for conn in self._connections:
+            conn.close()
+        self._connections.clear()
+        self._local = threading.local()
+
+
+class AsyncSQLiteStore(InlineAsyncStore):
+    """The async face of :class:`SQLiteStore`; statements run inline on the event loop.
+
+    Args:
+        path: the database file.
+        busy_timeout: seconds to wait for another writer's lock.
+        clock: returns the current time in seconds.
+    """
+
+    sync: SQLiteStore
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        busy_timeout: float = 5.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        super().__init__(SQLiteStore(path, busy_timeout=busy_timeout, clock=clock))
+
+    @classmethod
+    def from_url(cls, url: str) -> AsyncSQLiteStore:
+        """Build from ``sqlite:///path.db?busy_timeout=5``."""
+        store = cls.__new__(cls)
+        InlineAsyncStore.__init__(store, SQLiteStore.from_url(url))
+        return store

@@ -1,0 +1,63 @@
+"""Shared test fixtures: real services (PostgreSQL, Redis), skipped on a laptop without them and
+failing under CI=true, where a missing service is a broken build, not a reason to skip."""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from collections.abc import Iterator
+from urllib.parse import urlsplit
+
+import pytest
+
+IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
+REDIS_URL = os.environ.get("RETRYSAFE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+POSTGRES_URL = os.environ.get(
+    "RETRYSAFE_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"
+)
+#: Unique per test run: every key, prefix and schema a run creates carries it, so a run never
+#: touches data it did not create.
+RUN_ID = uuid.uuid4().hex[:10]
+
+
+def service_missing(name: str, reason: str) -> None:
+    """Skip (developer laptop) or fail (CI) a test whose service is not there."""
+    message = f"{name} not available: {reason}"
+    if IN_CI:
+        pytest.fail(f"{message} (CI=true: services must be up)", pytrace=False)
+    pytest.skip(message)
+
+
+def _reachable(url: str, default_port: int) -> str | None:
+    parts = urlsplit(url)
+    host, port = parts.hostname or "127.0.0.1", parts.port or default_port
+    try:
+        with socket.create_connection((host, port), timeout=2):
+            return None
+    except OSError as exc:
+        return f"{host}:{port} unreachable ({exc})"
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> str:
+    """URL of the real Redis under test (RETRYSAFE_TEST_REDIS_URL)."""
+    problem = _reachable(REDIS_URL, 6379)
+    if problem:
+        service_missing("Redis", problem)
+    return REDIS_URL
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> str:
+    """URL of the real PostgreSQL under test (RETRYSAFE_TEST_POSTGRES_URL)."""
+    problem = _reachable(POSTGRES_URL, 5432)
+    if problem:
+        service_missing("PostgreSQL", problem)
+    return POSTGRES_URL
+
+
+@pytest.fixture
+def tmp_sqlite_url(tmp_path: os.PathLike[str]) -> Iterator[str]:
+    """A fresh SQLite store URL in the test's temporary folder."""
+    yield f"sqlite:///{os.fspath(tmp_path)}/store.db"

@@ -1,0 +1,120 @@
+"""Start real ``retrysafe demo`` processes on free loopback ports (for end-to-end tests)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+__all__ = ["DemoServer", "free_port"]
+
+
+def free_port() -> int:
+    """Return a TCP port that is free on 127.0.0.1 right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+class DemoServer:
+    """One ``retrysafe demo`` process.
+
+    Args:
+        store: the ``--store`` URL.
+        db: the ``--db`` URL (``None``: the demo's default).
+        lease: ``--lease`` seconds.
+        ttl: ``--ttl`` seconds.
+        log_dir: where its output goes (a file per server, kept for failed tests).
+    """
+
+    def __init__(
+        self,
+        store: str,
+        *,
+        db: str | None = None,
+        lease: float = 30.0,
+        ttl: float = 3600.0,
+        log_dir: Path,
+        extra_args: tuple[str, ...] = (),
+    ) -> None:
+        self.store = store
+        self.db = db
+        self.lease = lease
+        self.ttl = ttl
+        self.log_dir = log_dir
+        self.extra_args = extra_args
+        self.port = free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        """Base URL of the server."""
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 20.0) -> DemoServer:
+        """Start the process and wait until it answers."""
+        cmd = [
+            sys.executable,
+            "-m",
+            "retrysafe",
+            "demo",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--store",
+            self.store,
+            "--lease",
+            str(self.lease),
+            "--ttl",
+            str(self.ttl),
+            "--log-level",
+            "warning",
+            *self.extra_args,
+        ]
+        if self.db:
+            cmd += ["--db", self.db]
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_dir / f"demo-{self.port}.log", "ab")  # noqa: SIM115
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+        log.close()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"demo exited with {self.proc.returncode}: {self.log_text()}")
+            try:
+                httpx.get(self.url + "/orders?limit=0", timeout=1.0)
+                return self
+            except httpx.TransportError:
+                time.sleep(0.05)
+        self.stop()
+        raise RuntimeError(f"demo did not answer within {timeout} s: {self.log_text()}")
+
+    def log_text(self) -> str:
+        """The server's output so far."""
+        path = self.log_dir / f"demo-{self.port}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def kill(self) -> None:
+        """SIGKILL the process (a crash: no cleanup runs)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        """Terminate the process gracefully (SIGKILL if it does not stop)."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.kill()
