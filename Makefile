@@ -27,6 +27,14 @@ unit: $(STAMP)
 
 test: lint typecheck unit
 
+BENCH_STAMP := $(VENV)/.installed-bench
+$(BENCH_STAMP): pyproject.toml $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[test,bench]'
+	touch $(BENCH_STAMP)
+
+bench: $(BENCH_STAMP)
+	$(BIN)/python bench/run.py $(BENCH_ARGS)
+
 chaos: $(STAMP)
 	$(BIN)/pytest -m chaos $(PYTEST_ARGS)
 
