@@ -16,6 +16,7 @@ from starlette.routing import Route
 from .._config import IdempotencyConfig
 from .._routes import idempotent
 from ..asgi import IdempotencyMiddleware
+from ..stores import resolve_async_store
 from .db import OrderDB, open_db
 
 __all__ = ["DEFAULT_STORE", "create_app", "default_db_url"]
@@ -121,6 +122,8 @@ def create_app(
     Returns:
         The ASGI app.
     """
+    # Resolve the store now, so a bad URL fails at start-up rather than on the first request.
+    idempotency_store = resolve_async_store(store)
     database = open_db(db or default_db_url(store))
     page = resources.files("retrysafe.demo").joinpath("static", "index.html").read_bytes()
 
@@ -153,5 +156,5 @@ def create_app(
     ]
     config = IdempotencyConfig(ttl=ttl, lease=lease)
     # mypy cannot match a constructor with **options against Starlette's ParamSpec factory.
-    middleware = [Middleware(IdempotencyMiddleware, store=store, config=config)]  # type: ignore[arg-type]
+    middleware = [Middleware(IdempotencyMiddleware, store=idempotency_store, config=config)]  # type: ignore[arg-type]
     return Starlette(routes=routes, middleware=middleware, exception_handlers={DemoFailure: failed})
