@@ -5,7 +5,10 @@ data executes code)::
 
     b"RS" | version (1 byte) | flags (1 byte) | status (2 bytes, big endian)
     | header count (2 bytes) | per header: name length (2) name, value length (4) value
-    | body (the rest)
+    | body length (8 bytes) | body
+
+The body length makes a truncated record detectable (a body cut short would otherwise be
+replayed as if complete); version 1 had none.
 """
 
 from __future__ import annotations
@@ -18,11 +21,12 @@ from ._errors import CodecError
 __all__ = ["StoredResponse", "decode_response", "encode_response"]
 
 _MAGIC = b"RS"
-_VERSION = 1
+_VERSION = 2
 _FLAG_BODY_OMITTED = 0x01
 _HEAD = struct.Struct(">2sBBHH")
 _NAME = struct.Struct(">H")
 _VALUE = struct.Struct(">I")
+_BODY = struct.Struct(">Q")
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +62,7 @@ def encode_response(response: StoredResponse) -> bytes:
         parts.append(name)
         parts.append(_VALUE.pack(len(value)))
         parts.append(value)
+    parts.append(_BODY.pack(len(response.body)))
     parts.append(response.body)
     return b"".join(parts)
 
@@ -93,8 +98,14 @@ def decode_response(data: bytes) -> StoredResponse:
             if len(name) != name_len or len(value) != value_len:
                 raise CodecError("stored response is truncated")
             headers.append((name, value))
+        (body_len,) = _BODY.unpack_from(view, offset)
+        offset += _BODY.size
     except struct.error as exc:
         raise CodecError("stored response is truncated") from exc
+    if len(view) - offset != body_len:
+        raise CodecError("stored response body is truncated or has trailing bytes")
+    if not 100 <= status <= 599:
+        raise CodecError(f"stored response has an impossible status {status}")
     return StoredResponse(
         status=status,
         headers=tuple(headers),

@@ -52,6 +52,11 @@ def _positive(name: str, value: float | None) -> None:
         raise ConfigurationError(f"{name} must be positive, got {value!r}")
 
 
+def _collection(name: str, value: object) -> None:
+    if isinstance(value, str | bytes) or not hasattr(value, "__iter__"):
+        raise ConfigurationError(f"{name} must be a set of values, got {value!r}")
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class IdempotencyConfig:
     """Settings of the idempotency layer (app-wide defaults; routes may override some).
@@ -103,6 +108,11 @@ class IdempotencyConfig:
     documentation_url: str | None = None
 
     def __post_init__(self) -> None:
+        # A bare string is iterable, so methods="POST" would silently protect {"P", "O", ...}.
+        for name in ("methods", "release_statuses", "replay_header_denylist"):
+            _collection(name, getattr(self, name))
+        if self.replay_header_allowlist is not None:
+            _collection("replay_header_allowlist", self.replay_header_allowlist)
         object.__setattr__(self, "methods", frozenset(m.upper() for m in self.methods))
         if not self.methods:
             raise ConfigurationError("methods must name at least one HTTP method")

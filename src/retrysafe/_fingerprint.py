@@ -18,8 +18,10 @@ __all__ = ["fingerprint"]
 def _canonical_query(query_string: bytes) -> bytes:
     if not query_string:
         return b""
-    pairs = parse_qsl(query_string.decode("latin-1"), keep_blank_values=True)
-    return urlencode(sorted(pairs)).encode("latin-1")
+    # latin-1 maps every byte to one character, so percent escapes that are not UTF-8 (%FF vs
+    # %FE) stay distinct instead of both decoding to U+FFFD.
+    pairs = parse_qsl(query_string.decode("latin-1"), keep_blank_values=True, encoding="latin-1")
+    return urlencode(sorted(pairs), encoding="latin-1").encode("ascii")
 
 
 def _canonical_json(body: bytes) -> bytes | None:

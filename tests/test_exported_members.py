@@ -1,0 +1,66 @@
+"""Every public name of ``retrysafe`` and ``retrysafe.stores`` is in a sorted ``__all__``."""
+
+from __future__ import annotations
+import __future__
+
+import re
+import types
+
+import pytest
+
+import retrysafe
+import retrysafe.stores
+
+
+def _isort_key(name: str) -> tuple[int, list[object]]:
+    # ruff RUF022 "isort-style": SCREAMING_SNAKE_CASE, then CamelCase, then the rest; natural
+    # order inside each group.
+    if len(name) > 1 and name.isupper():
+        group = 0
+    elif name[:1].isupper():
+        group = 1
+    else:
+        group = 2
+    parts = [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name)]
+    return group, parts
+
+
+def _public_names(module: types.ModuleType) -> list[str]:
+    return [
+        name
+        for name, value in vars(module).items()
+        if not name.startswith("_")
+        and not isinstance(value, types.ModuleType)
+        and not isinstance(value, __future__._Feature)
+    ]
+
+
+def test_retrysafe_all_is_complete() -> None:
+    assert sorted(retrysafe.__all__) == sorted(_public_names(retrysafe))
+
+
+def test_retrysafe_all_is_sorted() -> None:
+    assert retrysafe.__all__ == sorted(retrysafe.__all__, key=_isort_key)
+
+
+def test_retrysafe_all_names_exist() -> None:
+    for name in retrysafe.__all__:
+        assert hasattr(retrysafe, name), name
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="retrysafe/stores/__init__.py binds Any, ConfigurationError and InlineAsyncStore "
+    "publicly without exporting them (owned by the stores work; rename them _Any... or export)",
+)
+def test_stores_all_is_complete() -> None:
+    assert sorted(retrysafe.stores.__all__) == sorted(_public_names(retrysafe.stores))
+
+
+def test_stores_all_is_sorted() -> None:
+    assert retrysafe.stores.__all__ == sorted(retrysafe.stores.__all__, key=_isort_key)
+
+
+def test_stores_all_names_exist() -> None:
+    for name in retrysafe.stores.__all__:
+        assert hasattr(retrysafe.stores, name), name
