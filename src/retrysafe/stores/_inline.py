@@ -7,10 +7,15 @@ this project's machines. Network stores (Redis, PostgreSQL) have real async impl
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any, TypeVar
+
 from .._errors import ConfigurationError
 from ._base import Record, Reservation, Store
 
 __all__ = ["InlineAsyncStore"]
+
+T = TypeVar("T")
 
 
 class InlineAsyncStore:
@@ -27,31 +32,35 @@ class InlineAsyncStore:
             )
         self.sync = store
 
+    async def _call(self, operation: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run one operation; subclasses add waiting (e.g. for a SQLite write lock)."""
+        return operation(*args, **kwargs)
+
     async def reserve(
         self, record_id: str, fingerprint: str, *, lease: float, ttl: float
     ) -> Reservation:
         """See :meth:`retrysafe.stores.AsyncStore.reserve`."""
-        return self.sync.reserve(record_id, fingerprint, lease=lease, ttl=ttl)
+        return await self._call(self.sync.reserve, record_id, fingerprint, lease=lease, ttl=ttl)
 
     async def renew(self, record_id: str, token: str, *, lease: float) -> bool:
         """See :meth:`retrysafe.stores.AsyncStore.renew`."""
-        return self.sync.renew(record_id, token, lease=lease)
+        return await self._call(self.sync.renew, record_id, token, lease=lease)
 
     async def complete(self, record_id: str, token: str, response: bytes, *, ttl: float) -> bool:
         """See :meth:`retrysafe.stores.AsyncStore.complete`."""
-        return self.sync.complete(record_id, token, response, ttl=ttl)
+        return await self._call(self.sync.complete, record_id, token, response, ttl=ttl)
 
     async def release(self, record_id: str, token: str) -> bool:
         """See :meth:`retrysafe.stores.AsyncStore.release`."""
-        return self.sync.release(record_id, token)
+        return await self._call(self.sync.release, record_id, token)
 
     async def get(self, record_id: str) -> Record | None:
         """See :meth:`retrysafe.stores.AsyncStore.get`."""
-        return self.sync.get(record_id)
+        return await self._call(self.sync.get, record_id)
 
     async def purge_expired(self) -> int:
         """See :meth:`retrysafe.stores.AsyncStore.purge_expired`."""
-        return self.sync.purge_expired()
+        return await self._call(self.sync.purge_expired)
 
     async def aclose(self) -> None:
         """Close the underlying store."""

@@ -4,17 +4,21 @@ Connections are opened lazily, one per thread, in autocommit mode with ``journal
 ``synchronous=NORMAL`` and a ``busy_timeout``. Every operation is one statement (reserve is an
 ``INSERT ... ON CONFLICT DO UPDATE ... WHERE ... RETURNING``), so each is atomic under SQLite's
 write lock across threads and processes. The async face calls SQLite inline on the event loop;
-see :mod:`retrysafe.stores._inline` for why.
+see :mod:`retrysafe.stores._inline` for why. It never blocks the loop on another writer's lock:
+its connections have ``busy_timeout=0`` and a busy statement is retried after an ``await``ed
+back-off until the store's ``busy_timeout`` runs out (a blocking wait would freeze the loop, and
+with it the very request that holds the lock, when that request is in the same process).
 """
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import parse_qs
 
 from .._errors import ConfigurationError, StoreError, StoreUnavailableError
@@ -22,9 +26,25 @@ from ._base import Record, Reservation, new_token
 from ._inline import InlineAsyncStore
 from ._sql import load_queries
 
-__all__ = ["AsyncSQLiteStore", "SQLiteStore", "parse_sqlite_url"]
+__all__ = ["AsyncSQLiteStore", "SQLiteBusyError", "SQLiteStore", "parse_sqlite_url"]
 
 _PURGE_BATCH = 1000
+_IDLE_TRANSACTION_CONNECTIONS = 8
+
+T = TypeVar("T")
+
+
+class SQLiteBusyError(StoreUnavailableError):
+    """Another connection holds the database's write lock (``SQLITE_BUSY``)."""
+
+
+def _store_error(operation: str, exc: sqlite3.Error) -> StoreError:
+    if isinstance(exc, sqlite3.OperationalError):
+        text = str(exc)
+        if "locked" in text or "busy" in text:
+            return SQLiteBusyError(f"SQLite {operation}: {text}", store="sqlite")
+        return StoreUnavailableError(f"SQLite {operation} failed: {text}", store="sqlite")
+    return StoreError(f"SQLite {operation} failed: {exc}", store="sqlite")
 
 
 def parse_sqlite_url(url: str) -> tuple[str, dict[str, str]]:
@@ -79,10 +99,12 @@ class SQLiteStore:
             kwargs["busy_timeout"] = float(options["busy_timeout"])
         return cls(path, **kwargs)
 
-    def _connect(self) -> sqlite3.Connection:
-        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
-        if conn is not None:
-            return conn
+    def open_connection(self) -> sqlite3.Connection:
+        """Open a new connection to the store's file, set up (WAL, schema) and in autocommit.
+
+        Raises:
+            StoreError: the file cannot be opened or set up.
+        """
         try:
             conn = sqlite3.connect(
                 self.path, isolation_level=None, check_same_thread=False, timeout=0
@@ -97,22 +119,28 @@ class SQLiteStore:
                     conn.execute(self._q["create_index"])
                     self._schema_ready = True
         except sqlite3.Error as exc:
-            raise StoreUnavailableError(f"cannot open SQLite store: {exc}", store="sqlite") from exc
-        self._local.conn = conn
+            raise _store_error("open", exc) from exc
         self._connections.append(conn)
+        return conn
+
+    def _connect(self) -> sqlite3.Connection:
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = self.open_connection()
+            self._local.conn = conn
         return conn
 
     def ensure_schema(self) -> None:
         """Create the table and index now (they are otherwise created on first use)."""
         self._connect()
 
-    def _run(self, name: str, params: dict[str, Any]) -> sqlite3.Cursor:
+    def _run(
+        self, name: str, params: dict[str, Any], conn: sqlite3.Connection | None = None
+    ) -> sqlite3.Cursor:
         try:
-            return self._connect().execute(self._q[name], params)
-        except sqlite3.OperationalError as exc:
-            raise StoreUnavailableError(f"SQLite {name} failed: {exc}", store="sqlite") from exc
+            return (conn or self._connect()).execute(self._q[name], params)
         except sqlite3.Error as exc:
-            raise StoreError(f"SQLite {name} failed: {exc}", store="sqlite") from exc
+            raise _store_error(name, exc) from exc
 
     @staticmethod
     def _record(row: tuple[Any, ...], now: float) -> Record:
@@ -149,15 +177,23 @@ class SQLiteStore:
         params = {"id": record_id, "token": token, "lease_expires_at": self._clock() + lease}
         return self._run("renew", params).rowcount == 1
 
-    def complete(self, record_id: str, token: str, response: bytes, *, ttl: float) -> bool:
-        """See :meth:`retrysafe.stores.Store.complete`."""
+    def complete(
+        self,
+        record_id: str,
+        token: str,
+        response: bytes,
+        *,
+        ttl: float,
+        conn: sqlite3.Connection | None = None,
+    ) -> bool:
+        """See :meth:`retrysafe.stores.Store.complete`; ``conn`` runs it in that transaction."""
         params = {
             "id": record_id,
             "token": token,
             "response": response,
             "expires_at": self._clock() + ttl,
         }
-        return self._run("complete", params).rowcount == 1
+        return self._run("complete", params, conn).rowcount == 1
 
     def release(self, record_id: str, token: str) -> bool:
         """See :meth:`retrysafe.stores.Store.release`."""
@@ -188,11 +224,12 @@ class SQLiteStore:
 
 
 class AsyncSQLiteStore(InlineAsyncStore):
-    """The async face of :class:`SQLiteStore`; statements run inline on the event loop.
+    """The async face of :class:`SQLiteStore`: statements run inline on the event loop and wait
+    for another writer's lock with an awaited back-off, never a blocking one.
 
     Args:
         path: the database file.
-        busy_timeout: seconds to wait for another writer's lock.
+        busy_timeout: seconds to wait for another writer's lock before failing.
         clock: returns the current time in seconds.
     """
 
@@ -205,11 +242,107 @@ class AsyncSQLiteStore(InlineAsyncStore):
         busy_timeout: float = 5.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        super().__init__(SQLiteStore(path, busy_timeout=busy_timeout, clock=clock))
+        super().__init__(SQLiteStore(path, busy_timeout=0.0, clock=clock))
+        self.busy_timeout = busy_timeout
+        self._idle: list[sqlite3.Connection] = []
 
     @classmethod
     def from_url(cls, url: str) -> AsyncSQLiteStore:
         """Build from ``sqlite:///path.db?busy_timeout=5``."""
-        store = cls.__new__(cls)
-        InlineAsyncStore.__init__(store, SQLiteStore.from_url(url))
-        return store
+        path, options = parse_sqlite_url(url)
+        return cls(path, busy_timeout=float(options.get("busy_timeout", 5.0)))
+
+    async def _call(self, operation: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        loop = asyncio.get_running_loop()
+        deadline = 0.0
+        delay = 0.0005
+        while True:
+            try:
+                return operation(*args, **kwargs)
+            except SQLiteBusyError:
+                now = loop.time()
+                if not deadline:
+                    deadline = now + self.busy_timeout
+                elif now >= deadline:
+                    raise
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 0.02)
+
+    def begin(self) -> AsyncSQLiteTransaction:
+        """Return a transaction (begun on first use) for transactional mode."""
+        return AsyncSQLiteTransaction(self)
+
+    def _checkout(self) -> sqlite3.Connection:
+        return self._idle.pop() if self._idle else self.sync.open_connection()
+
+    def _checkin(self, conn: sqlite3.Connection) -> None:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        if len(self._idle) < _IDLE_TRANSACTION_CONNECTIONS:
+            self._idle.append(conn)
+        else:
+            conn.close()
+
+    async def aclose(self) -> None:
+        """Close every connection."""
+        self._idle.clear()
+        self.sync.close()
+
+
+class AsyncSQLiteTransaction:
+    """A request's SQLite transaction: ``BEGIN IMMEDIATE`` on first use (so the handler's writes
+    never wait on a lock mid-way), the fenced completion written and committed in it.
+
+    Args:
+        store: the store whose file holds both the records and the application's tables.
+    """
+
+    def __init__(self, store: AsyncSQLiteStore) -> None:
+        self._store = store
+        self._conn: sqlite3.Connection | None = None
+
+    @property
+    def begun(self) -> bool:
+        """Whether the transaction is open."""
+        return self._conn is not None
+
+    async def connection(self) -> sqlite3.Connection:
+        """Begin (waiting for the write lock without blocking the loop) and return the
+        connection."""
+        if self._conn is None:
+            conn = self._store._checkout()
+            try:
+                await self._store._call(self._execute, conn, "BEGIN IMMEDIATE")
+            except BaseException:
+                self._store._checkin(conn)
+                raise
+            self._conn = conn
+        return self._conn
+
+    @staticmethod
+    def _execute(conn: sqlite3.Connection, sql: str) -> None:
+        try:
+            conn.execute(sql)
+        except sqlite3.Error as exc:
+            raise _store_error(sql.lower(), exc) from exc
+
+    async def complete(self, record_id: str, token: str, response: bytes, *, ttl: float) -> bool:
+        """Write the completion in the transaction and commit; ``False`` (rolled back) when
+        fenced out."""
+        conn = await self.connection()
+        if not self._store.sync.complete(record_id, token, response, ttl=ttl, conn=conn):
+            self._execute(conn, "ROLLBACK")
+            return False
+        self._execute(conn, "COMMIT")
+        return True
+
+    async def rollback(self) -> None:
+        """Undo the handler's writes."""
+        if self._conn is not None and self._conn.in_transaction:
+            self._execute(self._conn, "ROLLBACK")
+
+    async def close(self) -> None:
+        """Return the connection to the idle list."""
+        if self._conn is not None:
+            conn, self._conn = self._conn, None
+            self._store._checkin(conn)

@@ -1,0 +1,79 @@
+"""Transactional mode (DESIGN section 3.5): the handler's writes and the completion record commit
+in one database transaction, so a crash leaves both or neither.
+
+The middleware opens a transaction object per executing request and puts it in the ASGI scope;
+the handler asks for the connection with :func:`transaction`, which begins the transaction lazily
+(a handler that never asks pays nothing, and a slow handler holds no lock before it writes). When
+the response is final, the middleware writes the fenced completion record on that connection and
+commits; a failure or a released status rolls back and releases the key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Protocol, runtime_checkable
+
+from ._errors import ConfigurationError
+
+__all__ = ["TRANSACTION_SCOPE_KEY", "AsyncTransaction", "transaction"]
+
+#: Where the middleware puts the request's :class:`AsyncTransaction` in the ASGI scope.
+TRANSACTION_SCOPE_KEY = "retrysafe.transaction"
+
+
+@runtime_checkable
+class AsyncTransaction(Protocol):
+    """One request's database transaction, begun on first use."""
+
+    @property
+    def begun(self) -> bool:
+        """Whether the handler asked for the connection (so a transaction is open)."""
+        ...
+
+    async def connection(self) -> Any:
+        """Begin the transaction if needed and return the driver connection it runs on."""
+        ...
+
+    async def complete(self, record_id: str, token: str, response: bytes, *, ttl: float) -> bool:
+        """Write the fenced completion record in the transaction and commit both.
+
+        Returns:
+            ``False`` (and rolls back) when the token no longer holds the key.
+        """
+        ...
+
+    async def rollback(self) -> None:
+        """Undo the handler's writes."""
+        ...
+
+    async def close(self) -> None:
+        """Give the connection back (rolling back anything not committed)."""
+        ...
+
+
+async def transaction(request: Any, *, optional: bool = False) -> Any:
+    """Return the database connection of the current request's idempotent transaction.
+
+    Args:
+        request: a Starlette/FastAPI ``Request`` or an ASGI scope.
+        optional: return ``None`` instead of raising when the request has no transaction
+            (e.g. no key on a route where the key is optional).
+
+    Returns:
+        The driver connection (``sqlite3.Connection``, ``asyncpg.Connection``) in an open
+        transaction; the handler's writes on it commit together with the stored response.
+
+    Raises:
+        ConfigurationError: the request does not run in transactional mode (no key, a replay,
+            or ``transactional=True`` is not set on the middleware).
+    """
+    scope: Mapping[str, Any] = getattr(request, "scope", request)
+    tx = scope.get(TRANSACTION_SCOPE_KEY)
+    if tx is None:
+        if optional:
+            return None
+        raise ConfigurationError(
+            "no idempotent transaction for this request: it carries no key, or the middleware "
+            "is not in transactional mode (transactional=True with a SQL store)"
+        )
+    return await tx.connection()
