@@ -1,0 +1,1018 @@
+"""`make bench`: retrysafe side by side with the bare endpoint and its nearest peers.
+
+What it does, in order:
+
+1. Makes sure there is a load generator: ``wrk`` (installed with apt when missing and running
+   as root), else the in-repo raw-socket client ``bench/loadgen.py``.
+2. Creates (once) the peers' virtualenv ``bench/.venv-bench-peers`` with the peers installed
+   from PyPI at pinned versions, next to the same Starlette/uvicorn/uvloop/httptools/redis
+   versions as the main venv (peer code is installed, never vendored).
+3. Starts each app of ``bench/apps.py`` under uvicorn (1 worker, uvloop, httptools) in its own
+   process pinned to core 0: the bare endpoint; retrysafe with each store (memory, SQLite in a
+   temp dir, Redis under a unique prefix, PostgreSQL in a scratch schema); the peers on Redis.
+   A store whose module or service is missing is skipped, and the table says so.
+4. For each round (``--repeat``) and scenario (new key per request, replay of one stored key,
+   no key), runs the load generator pinned to core 1 for ``--duration`` seconds against each
+   app, interleaved with the bare endpoint: ``bare X1 X2 bare X3 X4 ... bare``. Each app's ratio
+   is its req/s over the mean of the two bare runs around it. Around each run it reads the
+   server's CPU time (``/proc/<pid>/stat``, utime+stime) and the store server's (redis-server,
+   postgres), so CPU per request is reported next to req/s (steadier than req/s on a shared
+   machine), and the "client-CPU-only ratio": bare CPU/request over the app process's
+   CPU/request, i.e. the throughput ratio once the store server has a core of its own.
+5. Runs the micro-benchmarks (``pytest bench/test_micro.py --benchmark-only``).
+6. Writes ``bench/results/bench-<stamp>.json`` and ``.md`` (date, machine, commit) and prints
+   the Markdown table. Removes every Redis key and PostgreSQL schema it created.
+
+Examples::
+
+    make bench
+    make bench BENCH_ARGS="--duration 10 --repeat 3"
+    .venv/bin/python bench/run.py --stores memory,sqlite --no-peers --no-micro --duration 3
+    .venv/bin/python bench/run.py --profile py-spy --stores redis --scenarios new --no-peers
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import importlib.metadata
+import importlib.util
+import json
+import os
+import platform
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+BENCH = Path(__file__).resolve().parent
+ROOT = BENCH.parent
+RESULTS = BENCH / "results"
+PEERS_VENV = BENCH / ".venv-bench-peers"
+SERVER_CPU = 0
+CLIENT_CPU = 1
+SCENARIOS = ("new", "replay", "nokey")
+SCENARIO_TITLES = {
+    "new": "new key per request",
+    "replay": "replay of one stored key",
+    "nokey": "no key (pass-through)",
+}
+STORES = ("memory", "sqlite", "redis", "postgres")
+
+# Peers from PyPI, pinned (the versions measured); each one runs on Redis.
+PEERS: dict[str, str] = {
+    "idemkit": "idemkit[redis]==1.0.2",
+    "fastapi-idempotency-key": "fastapi-idempotency-key==0.1.1",
+    # Its redis extra pins redis<5 and fastapi 0.70 (2022); its code runs on today's
+    # redis.asyncio, and it imports fastapi.responses, so fastapi is installed beside it.
+    "asgi-idempotency-header": "asgi-idempotency-header==0.2.0",
+}
+# Installed in the peers' venv at the main venv's versions, so every server runs the same stack.
+SHARED_STACK = ("starlette", "uvicorn", "uvloop", "httptools", "redis", "hiredis", "fastapi")
+
+# Issue 6 targets: minimum ratio to the bare endpoint, per scenario and store.
+TARGETS: dict[str, dict[str, float]] = {
+    "new": {"memory": 0.95, "sqlite": 0.6, "redis": 0.6, "postgres": 0.2},
+    "replay": {"memory": 1.5, "sqlite": 1.2, "redis": 1.2, "postgres": 0.7},
+    "nokey": {"memory": 0.97, "sqlite": 0.97, "redis": 0.97, "postgres": 0.97},
+}
+CLIENT_CPU_TARGET = 0.4  # postgres, new key: the client-CPU-only ratio
+
+
+def log(message: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+# -- machine facts -------------------------------------------------------------------------------
+
+
+def cpu_model() -> str:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown"
+
+
+def git_commit() -> str:
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return out + ("+dirty" if dirty else "")
+
+
+def version_of(package: str) -> str | None:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+# -- CPU accounting --------------------------------------------------------------------------------
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def proc_cpu(pid: int) -> float | None:
+    """CPU seconds (user + system) a process has used, or None when it is gone."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = raw[raw.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def pids_named(prefix: str) -> list[int]:
+    """Pids whose command name starts with ``prefix`` (read only; never signalled)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            if (entry / "comm").read_text().strip().startswith(prefix):
+                found.append(int(entry.name))
+    return found
+
+
+def cpu_snapshot(pids: list[int]) -> dict[int, float]:
+    snapshot = {}
+    for pid in pids:
+        value = proc_cpu(pid)
+        if value is not None:
+            snapshot[pid] = value
+    return snapshot
+
+
+def cpu_delta(before: dict[int, float], after: dict[int, float]) -> float:
+    # Only processes alive at both ends: a store's connections are opened during the warm-up,
+    # so this keeps short-lived processes of other users of a shared server out of the sum.
+    return sum(after[pid] - before[pid] for pid in before.keys() & after.keys())
+
+
+# -- HTTP probe (raw socket) -----------------------------------------------------------------------
+
+
+def http_post(port: int, key: str | None, timeout: float = 5.0) -> tuple[int, dict[str, str]]:
+    """One ``POST /orders``; return the status and lower-cased headers."""
+    body = b'{"item":"book","quantity":2}'
+    head = [
+        "POST /orders HTTP/1.1",
+        f"Host: 127.0.0.1:{port}",
+        "Content-Type: application/json",
+        f"Content-Length: {len(body)}",
+        "Connection: close",
+    ]
+    if key is not None:
+        head.append(f"Idempotency-Key: {key}")
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
+        sock.sendall("\r\n".join(head).encode() + b"\r\n\r\n" + body)
+        data = b""
+        while True:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    head_bytes = data.split(b"\r\n\r\n", 1)[0].decode("latin-1").split("\r\n")
+    status = int(head_bytes[0].split()[1])
+    headers = {}
+    for line in head_bytes[1:]:
+        name, _, value = line.partition(":")
+        headers[name.strip().lower()] = value.strip()
+    return status, headers
+
+
+def is_replay(headers: dict[str, str]) -> bool:
+    return any("replayed" in name and value == "true" for name, value in headers.items())
+
+
+# -- servers -------------------------------------------------------------------------------------
+
+
+@dataclass
+class AppSpec:
+    label: str  # row label, e.g. "retrysafe/redis"
+    app: str  # bench/apps.py --app
+    store_kind: str  # memory / sqlite / redis / postgres / "" for bare
+    python: str
+    store: str = ""
+    prefix: str = ""
+    port: int = 0
+    proc: subprocess.Popen[bytes] | None = None
+    replay_key: str = ""
+    checks: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def is_peer(self) -> bool:
+        return self.app not in ("bare", "retrysafe")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def start_server(spec: AppSpec, pin: bool, profile_dir: Path | None) -> None:
+    spec.port = free_port()
+    cmd = [spec.python, str(BENCH / "apps.py"), "--app", spec.app, "--port", str(spec.port)]
+    if spec.store:
+        cmd += ["--store", spec.store]
+    if spec.prefix:
+        cmd += ["--prefix", spec.prefix]
+    if pin:
+        cmd += ["--cpu", str(SERVER_CPU)]
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT / "src") if spec.app in ("bare", "retrysafe") else ""
+    if profile_dir is not None and spec.app == "retrysafe":
+        env["BENCH_PROFILE"] = str(profile_dir / f"{spec.label.replace('/', '-')}.prof")
+    spec.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdin=subprocess.DEVNULL)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        if spec.proc.poll() is not None:
+            raise RuntimeError(f"{spec.label} exited with {spec.proc.returncode} at start")
+        try:
+            status, _ = http_post(spec.port, None, timeout=1.0)
+        except OSError:
+            time.sleep(0.1)
+            continue
+        if status != 201:
+            raise RuntimeError(f"{spec.label} answered {status} to a plain POST /orders")
+        return
+    raise RuntimeError(f"{spec.label} did not start in 20 s")
+
+
+def stop_server(spec: AppSpec) -> None:
+    if spec.proc is None or spec.proc.poll() is not None:
+        return
+    spec.proc.send_signal(signal.SIGINT)  # uvicorn shuts down cleanly (and cProfile dumps)
+    try:
+        spec.proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        spec.proc.kill()
+        spec.proc.wait()
+
+
+def check_semantics(spec: AppSpec, nonce: str) -> None:
+    """Probe what each scenario really does on this app; the table shows surprises."""
+    if spec.app == "bare":
+        spec.replay_key = f"{nonce}-replay-bare"
+        spec.checks = {s: "ok" for s in SCENARIOS}
+        return
+    key = f"{nonce}-probe-{uuid.uuid4().hex[:8]}"
+    first, _ = http_post(spec.port, key)
+    second, headers = http_post(spec.port, key)
+    spec.checks["new"] = "ok" if first == 201 else f"first request got {first}"
+    spec.replay_key = f"{nonce}-replay-{uuid.uuid4().hex[:8]}"
+    status, _ = http_post(spec.port, spec.replay_key)
+    if status != 201:
+        spec.checks["replay"] = f"storing the replay key got {status}"
+    elif second == 201 and is_replay(headers):
+        spec.checks["replay"] = "ok"
+    elif second == 201:
+        spec.checks["replay"] = "a repeat ran the handler again (no replay header)"
+    else:
+        spec.checks["replay"] = f"a repeat of a completed key got {second}, not a replay"
+    status, headers = http_post(spec.port, None)
+    spec.checks["nokey"] = "ok" if status == 201 and not is_replay(headers) else f"got {status}"
+
+
+# -- load generator ------------------------------------------------------------------------------
+
+
+def ensure_wrk(allow_install: bool) -> str | None:
+    found = shutil.which("wrk")
+    if found or not allow_install:
+        return found
+    if os.geteuid() == 0 and shutil.which("apt-get"):
+        log("wrk is missing: apt-get install wrk")
+        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+        for cmd in (["apt-get", "install", "-y", "-q", "wrk"], ["apt-get", "update", "-q"]):
+            subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, check=False)
+            found = shutil.which("wrk")
+            if found:
+                return found
+        subprocess.run(
+            ["apt-get", "install", "-y", "-q", "wrk"],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            check=False,
+        )
+    return shutil.which("wrk")
+
+
+def _pin_client() -> None:
+    os.sched_setaffinity(0, {CLIENT_CPU})
+
+
+def load(
+    client: str | None,
+    spec: AppSpec,
+    mode: str,
+    nonce: str,
+    duration: float,
+    connections: int,
+    pin: bool,
+) -> dict[str, Any]:
+    key_nonce = spec.replay_key if mode == "replay" else nonce
+    if client:
+        cmd = [
+            client,
+            "-t1",
+            f"-c{connections}",
+            f"-d{max(1, round(duration))}s",
+            "--timeout",
+            "5s",
+            "-s",
+            str(BENCH / "wrk.lua"),
+            f"http://127.0.0.1:{spec.port}/orders",
+            "--",
+            mode,
+            key_nonce,
+        ]
+    else:
+        cmd = [
+            sys.executable,
+            str(BENCH / "loadgen.py"),
+            "--port",
+            str(spec.port),
+            "--mode",
+            mode,
+            "--nonce",
+            key_nonce,
+            "--duration",
+            str(duration),
+            "--connections",
+            str(connections),
+        ]
+    out = subprocess.run(
+        cmd,
+        capture_output=True,
+        text=True,
+        preexec_fn=_pin_client if pin else None,
+        timeout=duration + 60,
+        check=False,
+    )
+    for line in out.stdout.splitlines():
+        if line.startswith("BENCH_JSON "):
+            result: dict[str, Any] = json.loads(line[len("BENCH_JSON ") :])
+            return result
+    raise RuntimeError(f"load generator failed on {spec.label}: {out.stdout}\n{out.stderr}")
+
+
+# -- stores and peers ----------------------------------------------------------------------------
+
+
+def module_available(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ImportError:
+        return False
+
+
+def redis_client(url: str) -> Any:
+    import redis
+
+    return redis.Redis.from_url(url, socket_connect_timeout=2)
+
+
+def redis_reachable(url: str) -> str | None:
+    if not module_available("redis"):
+        return "redis-py is not installed"
+    try:
+        redis_client(url).ping()
+    except Exception as exc:
+        return f"Redis at {url} unreachable ({exc.__class__.__name__})"
+    return None
+
+
+def redis_cleanup(url: str, prefixes: list[str]) -> int:
+    client = redis_client(url)
+    deleted = 0
+    for prefix in prefixes:
+        batch = []
+        for key in client.scan_iter(match=prefix + "*", count=1000):
+            batch.append(key)
+            if len(batch) >= 1000:
+                deleted += client.delete(*batch)
+                batch.clear()
+        if batch:
+            deleted += client.delete(*batch)
+    return deleted
+
+
+def postgres_connect(url: str) -> Any:
+    import psycopg
+
+    return psycopg.connect(url, autocommit=True, connect_timeout=3)
+
+
+def postgres_reachable(url: str) -> str | None:
+    if not module_available("psycopg"):
+        return "psycopg is not installed"
+    try:
+        with postgres_connect(url) as conn:
+            conn.execute("SELECT 1")
+    except Exception as exc:
+        return f"PostgreSQL at {url} unreachable ({exc.__class__.__name__})"
+    return None
+
+
+def postgres_store_url(base: str, schema: str) -> str:
+    """The store URL of the scratch schema; the store module decides how it takes options."""
+    sep = "&" if "?" in base else "?"
+    return f"{base}{sep}schema={schema}"
+
+
+def ensure_peers_venv(reinstall: bool) -> tuple[str | None, dict[str, str]]:
+    """Create/refresh bench/.venv-bench-peers; return its python and the install problems."""
+    python = PEERS_VENV / "bin" / "python"
+    stack = []
+    for package in SHARED_STACK:
+        version = version_of(package)
+        stack.append(f"{package}=={version}" if version else package)
+    wanted = "\n".join([*PEERS.values(), *stack])
+    stamp = PEERS_VENV / ".bench-requirements"
+    problems: dict[str, str] = {}
+    if reinstall or not python.exists() or not stamp.exists() or stamp.read_text() != wanted:
+        log(f"creating {PEERS_VENV.relative_to(ROOT)} (peers from PyPI)")
+        shutil.rmtree(PEERS_VENV, ignore_errors=True)
+        base = getattr(sys, "_base_executable", sys.executable)
+        subprocess.run([base, "-m", "venv", str(PEERS_VENV)], check=True)
+        pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+        result = subprocess.run([*pip, *stack], capture_output=True, text=True, check=False)
+        if result.returncode != 0:
+            return None, {"all": f"could not install the shared stack: {result.stderr[-500:]}"}
+        for name, requirement in PEERS.items():
+            result = subprocess.run(
+                [*pip, requirement, *stack], capture_output=True, text=True, check=False
+            )
+            if result.returncode != 0:
+                problems[name] = "pip install failed: " + result.stderr.strip()[-300:]
+        stamp.write_text(wanted)
+        (PEERS_VENV / ".bench-problems.json").write_text(json.dumps(problems))
+    else:
+        with contextlib.suppress(OSError, ValueError):
+            problems = json.loads((PEERS_VENV / ".bench-problems.json").read_text())
+    return str(python), problems
+
+
+def peer_versions(python: str) -> dict[str, str]:
+    code = (
+        "import importlib.metadata as m, json, sys\n"
+        "out = {}\n"
+        "for p in sys.argv[1:]:\n"
+        "    try: out[p] = m.version(p)\n"
+        "    except m.PackageNotFoundError: pass\n"
+        "print(json.dumps(out))\n"
+    )
+    names = [*PEERS, *SHARED_STACK]
+    result = subprocess.run(
+        [python, "-c", code, *names], capture_output=True, text=True, check=False
+    )
+    try:
+        versions: dict[str, str] = json.loads(result.stdout)
+    except ValueError:
+        return {}
+    return versions
+
+
+# -- statistics and report -----------------------------------------------------------------------
+
+
+def median(values: list[float]) -> float | None:
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def summarize(runs: list[dict[str, Any]], specs: list[AppSpec]) -> list[dict[str, Any]]:
+    rows = []
+    for scenario in SCENARIOS:
+        for spec in specs:
+            mine = [r for r in runs if r["scenario"] == scenario and r["label"] == spec.label]
+            if not mine:
+                continue
+            rps = median([r["rps"] for r in mine])
+            cpu = median([r["cpu_us_per_req"] for r in mine])
+            store_cpu = median([r["store_cpu_us_per_req"] for r in mine])
+            bare_cpu = median([r["bare_cpu_us_per_req"] for r in mine])
+            ratio = median([r["ratio"] for r in mine])
+            row: dict[str, Any] = {
+                "scenario": scenario,
+                "label": spec.label,
+                "store": spec.store_kind,
+                "peer": spec.is_peer,
+                "runs": len(mine),
+                "rps": rps,
+                "rps_all": [round(r["rps"]) for r in mine],
+                "ratio": ratio,
+                "ratio_all": [round(r["ratio"], 3) for r in mine if r["ratio"] is not None],
+                "p50_ms": median([r["p50_us"] / 1000 for r in mine]),
+                "p99_ms": median([r["p99_us"] / 1000 for r in mine]),
+                "cpu_us_per_req": cpu,
+                "server_util": median([r["server_util"] for r in mine]),
+                "store_cpu_us_per_req": store_cpu,
+                "client_cpu_ratio": (bare_cpu / cpu) if bare_cpu and cpu else None,
+                "total_cpu_ratio": (
+                    bare_cpu / (cpu + (store_cpu or 0.0)) if bare_cpu and cpu else None
+                ),
+                "non2xx": sum(r["errors_status"] for r in mine),
+                "socket_errors": sum(
+                    r["errors_connect"] + r["errors_read"] + r["errors_write"] + r["errors_timeout"]
+                    for r in mine
+                ),
+                "check": spec.checks.get(scenario, ""),
+            }
+            target = None
+            if spec.app == "retrysafe":
+                target = TARGETS[scenario].get(spec.store_kind)
+            row["target"] = target
+            row["met"] = None if target is None or ratio is None else ratio >= target
+            rows.append(row)
+    return rows
+
+
+def versus_peers(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """retrysafe/redis throughput over each peer's, per scenario (issue 6: >= 1.5x idemkit)."""
+    out = []
+    for scenario in SCENARIOS:
+        ours = next(
+            (r for r in rows if r["scenario"] == scenario and r["label"] == "retrysafe/redis"),
+            None,
+        )
+        if ours is None or ours["rps"] is None:
+            continue
+        for row in rows:
+            if row["scenario"] == scenario and row["peer"] and row["rps"]:
+                out.append(
+                    {
+                        "scenario": scenario,
+                        "peer": row["label"],
+                        "throughput_x": ours["rps"] / row["rps"],
+                        "ratio_x": (ours["ratio"] / row["ratio"]) if row["ratio"] else None,
+                        "cpu_x": (
+                            row["cpu_us_per_req"] / ours["cpu_us_per_req"]
+                            if ours["cpu_us_per_req"] and row["cpu_us_per_req"]
+                            else None
+                        ),
+                    }
+                )
+    return out
+
+
+def markdown(report: dict[str, Any]) -> str:
+    meta = report["meta"]
+    lines = [
+        f"# retrysafe benchmark, {meta['date']}",
+        "",
+        f"- machine: {meta['nproc']} cores, {meta['cpu_model']}; Python {meta['python']}",
+        f"- commit: {meta['commit']}",
+        f"- load: {meta['client']}, {meta['connections']} connections, "
+        f"{meta['duration']} s per run, {meta['repeat']} rounds; server pinned to core "
+        f"{SERVER_CPU}, load generator to core {CLIENT_CPU}; uvicorn 1 worker, uvloop, httptools",
+        f"- stack: {', '.join(f'{k} {v}' for k, v in meta['versions'].items())}",
+    ]
+    if meta.get("peer_versions"):
+        lines.append(
+            "- peers (bench/.venv-bench-peers): "
+            + ", ".join(f"{k} {v}" for k, v in meta["peer_versions"].items() if k in PEERS)
+        )
+    lines += [
+        "",
+        "ratio = req/s over the bare endpoint measured around it in the same round (median of "
+        "rounds); CPU = server process CPU per request (utime+stime); store CPU = redis-server or "
+        "postgres processes per request; client-CPU ratio = bare CPU/req over the app's "
+        "CPU/req (the throughput ratio if the store server had its own core); server busy = "
+        "server CPU time over wall time (well under 100%: the server waited on the store, or "
+        "was preempted by other work on its core; req/s is then noisy, CPU/req is not).",
+        "",
+    ]
+    for scenario in SCENARIOS:
+        rows = [r for r in report["rows"] if r["scenario"] == scenario]
+        if not rows:
+            continue
+        lines += [
+            f"## {SCENARIO_TITLES[scenario]}",
+            "",
+            "| app / store | req/s | ratio | target | p50 ms | p99 ms | server busy "
+            "| CPU us/req | store CPU us/req | client-CPU ratio | non-2xx | note |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        ]
+        for r in rows:
+            target = ""
+            if r["target"] is not None:
+                target = f">= {r['target']:.2f} {'met' if r['met'] else 'MISSED'}"
+            note = "" if r["check"] in ("ok", "") else r["check"]
+            if r["socket_errors"]:
+                note = (note + "; " if note else "") + f"{r['socket_errors']} socket errors"
+            lines.append(
+                f"| {r['label']} | {fmt(r['rps'], ',.0f')} | {fmt(r['ratio'], '.2f')} "
+                f"| {target} | {fmt(r['p50_ms'], '.2f')} | {fmt(r['p99_ms'], '.2f')} "
+                f"| {fmt(r['server_util'] * 100 if r['server_util'] else None, '.0f')}% "
+                f"| {fmt(r['cpu_us_per_req'], '.0f')} | {fmt(r['store_cpu_us_per_req'], '.0f')} "
+                f"| {fmt(r['client_cpu_ratio'], '.2f')} | {r['non2xx']} | {note} |"
+            )
+        lines.append("")
+    if report["versus_peers"]:
+        lines += [
+            "## retrysafe/redis against the peers (same Redis, same endpoint)",
+            "",
+            "| scenario | peer | retrysafe req/s over peer req/s | ratio over ratio "
+            "| peer CPU/req over retrysafe CPU/req |",
+            "|---|---|---:|---:|---:|",
+        ]
+        for v in report["versus_peers"]:
+            lines.append(
+                f"| {v['scenario']} | {v['peer']} | {v['throughput_x']:.2f}x "
+                f"| {fmt(v['ratio_x'], '.2f')}x | {fmt(v['cpu_x'], '.2f')}x |"
+            )
+        lines.append("")
+    if report["skipped"]:
+        lines += ["## skipped", ""]
+        lines += [f"- {name}: {why}" for name, why in report["skipped"].items()]
+        lines.append("")
+    if report.get("micro"):
+        lines += [
+            "## micro-benchmarks (pytest-benchmark, median)",
+            "",
+            "| benchmark | median us | ops/s |",
+            "|---|---:|---:|",
+        ]
+        for m in report["micro"]:
+            lines.append(f"| {m['name']} | {m['median_us']:.2f} | {m['ops']:,.0f} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def run_micro(stamp: str, stores: list[str], env_urls: dict[str, str]) -> list[dict[str, Any]]:
+    out_json = RESULTS / f"micro-{stamp}.json"
+    env = dict(os.environ)
+    env["BENCH_STORES"] = ",".join(stores)
+    env.update(env_urls)
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        str(BENCH / "test_micro.py"),
+        "--benchmark-only",
+        "--benchmark-min-time=0.05",
+        "--benchmark-max-time=0.5",
+        "--benchmark-columns=median,ops,rounds",
+        "--benchmark-sort=name",
+        f"--benchmark-json={out_json}",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+    ]
+    log("micro-benchmarks: " + " ".join(cmd[2:4]))
+    result = subprocess.run(cmd, cwd=ROOT, env=env, check=False)
+    if result.returncode != 0 or not out_json.exists():
+        log(f"micro-benchmarks failed (exit {result.returncode})")
+        return []
+    data = json.loads(out_json.read_text())
+    return [
+        {
+            "name": b["name"],
+            "median_us": b["stats"]["median"] * 1e6,
+            "ops": b["stats"]["ops"],
+        }
+        for b in data["benchmarks"]
+    ]
+
+
+# -- main ----------------------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--duration", type=float, default=5.0, help="seconds per run")
+    parser.add_argument("--repeat", type=int, default=2, help="rounds (A B A B ...)")
+    parser.add_argument("--warmup", type=float, default=1.0, help="seconds of warm-up per app")
+    parser.add_argument("--connections", type=int, default=16)
+    parser.add_argument("--stores", default=",".join(STORES))
+    parser.add_argument("--scenarios", default=",".join(SCENARIOS))
+    parser.add_argument("--no-peers", action="store_true", help="skip the peers")
+    parser.add_argument("--peers", default=",".join(PEERS), help="which peers")
+    parser.add_argument("--reinstall-peers", action="store_true")
+    parser.add_argument("--no-micro", action="store_true", help="skip the micro-benchmarks")
+    parser.add_argument("--micro-only", action="store_true")
+    parser.add_argument("--client", choices=("auto", "wrk", "python"), default="auto")
+    parser.add_argument("--no-pin", action="store_true", help="do not pin to cores 0 and 1")
+    parser.add_argument(
+        "--profile",
+        choices=("none", "cprofile", "py-spy"),
+        default="none",
+        help="profile the retrysafe servers (files under bench/results/)",
+    )
+    parser.add_argument(
+        "--redis-url", default=os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
+    )
+    parser.add_argument(
+        "--postgres-url",
+        default=os.environ.get("BENCH_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"),
+    )
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    started = dt.datetime.now(dt.UTC)
+    stamp = started.strftime("%Y%m%dT%H%M%SZ")
+    nonce = f"bench{uuid.uuid4().hex[:10]}"
+    stores = [s for s in args.stores.split(",") if s]
+    scenarios = [s for s in args.scenarios.split(",") if s]
+    pin = not args.no_pin and (os.cpu_count() or 1) >= 2
+    skipped: dict[str, str] = {}
+    redis_prefixes: list[str] = []
+    pg_schema = f"bench_{nonce}"
+    pg_created = False
+    env_urls: dict[str, str] = {}
+
+    # Stores: module present? service reachable?
+    available: list[str] = []
+    for store in stores:
+        if store in ("redis", "postgres") and not module_available(f"retrysafe.stores.{store}"):
+            skipped[f"retrysafe/{store}"] = f"module retrysafe.stores.{store} is not there yet"
+            continue
+        if store == "redis":
+            problem = redis_reachable(args.redis_url)
+            if problem:
+                skipped["retrysafe/redis"] = problem
+                continue
+            env_urls["BENCH_REDIS_URL"] = args.redis_url
+        if store == "postgres":
+            problem = postgres_reachable(args.postgres_url)
+            if problem:
+                skipped["retrysafe/postgres"] = problem
+                continue
+            env_urls["BENCH_POSTGRES_URL"] = args.postgres_url
+        available.append(store)
+
+    micro: list[dict[str, Any]] = []
+    if args.micro_only:
+        micro = run_micro(stamp, available, env_urls)
+        for m in micro:
+            print(f"{m['name']:60s} {m['median_us']:10.2f} us")
+        return 0
+
+    client: str | None = None
+    if args.client in ("auto", "wrk"):
+        client = ensure_wrk(allow_install=True)
+        if client is None and args.client == "wrk":
+            log("wrk is not available")
+            return 2
+    client_name = "wrk 4 (-t1)" if client else "bench/loadgen.py (asyncio raw sockets)"
+    log(f"load generator: {client_name}")
+
+    tmpdir = Path(tempfile.mkdtemp(prefix="retrysafe-bench-"))
+    profile_dir = RESULTS / f"profile-{stamp}" if args.profile == "cprofile" else None
+    if profile_dir:
+        profile_dir.mkdir(parents=True, exist_ok=True)
+    main_python = sys.executable
+    specs: list[AppSpec] = [AppSpec("bare", "bare", "", main_python)]
+    for store in available:
+        url = {"memory": "memory://", "sqlite": f"sqlite:///{tmpdir}/bench.db"}.get(store, "")
+        if store == "redis":
+            prefix = f"{nonce}:retrysafe:"
+            redis_prefixes.append(prefix)
+            sep = "&" if "?" in args.redis_url else "?"
+            url = f"{args.redis_url}{sep}prefix={prefix}"
+        if store == "postgres":
+            with postgres_connect(args.postgres_url) as conn:
+                conn.execute(f'CREATE SCHEMA "{pg_schema}"')
+            pg_created = True
+            url = postgres_store_url(args.postgres_url, pg_schema)
+        specs.append(AppSpec(f"retrysafe/{store}", "retrysafe", store, main_python, url))
+
+    peer_meta: dict[str, str] = {}
+    wanted_peers = [] if args.no_peers else [p for p in args.peers.split(",") if p]
+    if wanted_peers:
+        problem = redis_reachable(args.redis_url)
+        if problem:
+            for peer in wanted_peers:
+                skipped[f"{peer}/redis"] = problem
+        else:
+            peers_python, problems = ensure_peers_venv(args.reinstall_peers)
+            if peers_python is None:
+                for peer in wanted_peers:
+                    skipped[f"{peer}/redis"] = problems.get("all", "peers venv failed")
+            else:
+                peer_meta = peer_versions(peers_python)
+                for peer in wanted_peers:
+                    if peer in problems:
+                        skipped[f"{peer}/redis"] = problems[peer]
+                        continue
+                    prefix = f"{nonce}:{peer}:"
+                    redis_prefixes.append(prefix)
+                    specs.append(
+                        AppSpec(
+                            f"{peer}/redis", peer, "redis", peers_python, args.redis_url, prefix
+                        )
+                    )
+
+    runs: list[dict[str, Any]] = []
+    started_specs: list[AppSpec] = []
+    pyspy_procs: list[subprocess.Popen[bytes]] = []
+    try:
+        for spec in list(specs):
+            log(f"starting {spec.label}")
+            try:
+                start_server(spec, pin, profile_dir)
+            except RuntimeError as exc:
+                skipped[spec.label] = str(exc)
+                specs.remove(spec)
+                stop_server(spec)
+                continue
+            started_specs.append(spec)
+            check_semantics(spec, nonce)
+            if any(v != "ok" for v in spec.checks.values()):
+                log(f"{spec.label}: {spec.checks}")
+        bare = specs[0]
+        others = specs[1:]
+
+        # Warm-up: every app, every scenario (opens store connections, fills caches).
+        for spec in specs:
+            for mode in scenarios:
+                load(client, spec, mode, f"{nonce}w", args.warmup, args.connections, pin)
+
+        if args.profile == "py-spy":
+            pyspy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+            for spec in others:
+                if spec.app != "retrysafe" or not Path(pyspy).exists():
+                    continue
+                svg = RESULTS / f"pyspy-{stamp}-{spec.label.replace('/', '-')}.txt"
+                pyspy_procs.append(
+                    subprocess.Popen(
+                        [
+                            pyspy,
+                            "record",
+                            "--pid",
+                            str(spec.proc.pid if spec.proc else 0),
+                            "--format",
+                            "raw",
+                            "--output",
+                            str(svg),
+                            "--rate",
+                            "200",
+                            "--nonblocking",
+                        ],
+                        stdout=subprocess.DEVNULL,
+                        stderr=subprocess.DEVNULL,
+                    )
+                )
+
+        redis_pids = pids_named("redis-server")
+        postgres_pids = pids_named("postgres")
+        for round_no in range(args.repeat):
+            for scenario in scenarios:
+                # bare X1 X2 bare X3 X4 ... bare; rotate so no app always runs first.
+                rotated = (
+                    others[round_no % max(1, len(others)) :]
+                    + others[: round_no % max(1, len(others))]
+                )
+                sequence: list[AppSpec] = [bare]
+                for i, spec in enumerate(rotated):
+                    sequence.append(spec)
+                    if i % 2 == 1 or i == len(rotated) - 1:
+                        sequence.append(bare)
+                round_runs: list[dict[str, Any]] = []
+                for spec in sequence:
+                    store_pids = {"redis": redis_pids, "postgres": postgres_pids}.get(
+                        spec.store_kind, []
+                    )
+                    assert spec.proc is not None
+                    before = proc_cpu(spec.proc.pid) or 0.0
+                    store_before = cpu_snapshot(store_pids)
+                    run_nonce = f"{nonce}r{round_no}{scenario}{len(runs)}"
+                    result = load(
+                        client, spec, scenario, run_nonce, args.duration, args.connections, pin
+                    )
+                    after = proc_cpu(spec.proc.pid) or 0.0
+                    store_after = cpu_snapshot(store_pids)
+                    requests = max(1, result["requests"])
+                    result.update(
+                        label=spec.label,
+                        scenario=scenario,
+                        round=round_no,
+                        rps=result["requests"] / (result["duration_us"] / 1e6),
+                        cpu_us_per_req=(after - before) * 1e6 / requests,
+                        server_util=(after - before) / (result["duration_us"] / 1e6),
+                        store_cpu_us_per_req=(
+                            cpu_delta(store_before, store_after) * 1e6 / requests
+                            if store_pids
+                            else None
+                        ),
+                    )
+                    round_runs.append(result)
+                    log(
+                        f"round {round_no + 1}/{args.repeat} {scenario:6s} {spec.label:32s} "
+                        f"{result['rps']:9,.0f} req/s  p99 {result['p99_us'] / 1000:6.2f} ms  "
+                        f"cpu {result['cpu_us_per_req']:6.0f} us/req"
+                        + (
+                            f"  non-2xx {result['errors_status']}"
+                            if result["errors_status"]
+                            else ""
+                        )
+                    )
+                # Each app against the mean of the bare runs just before and after it.
+                for i, result in enumerate(round_runs):
+                    if result["label"] == "bare":
+                        continue
+                    prev_bare = next(r for r in reversed(round_runs[:i]) if r["label"] == "bare")
+                    next_bare = next(r for r in round_runs[i + 1 :] if r["label"] == "bare")
+                    bare_rps = (prev_bare["rps"] + next_bare["rps"]) / 2
+                    result["ratio"] = result["rps"] / bare_rps if bare_rps else None
+                    result["bare_cpu_us_per_req"] = (
+                        prev_bare["cpu_us_per_req"] + next_bare["cpu_us_per_req"]
+                    ) / 2
+                for result in round_runs:
+                    if result["label"] == "bare":
+                        result["ratio"] = 1.0
+                        result["bare_cpu_us_per_req"] = result["cpu_us_per_req"]
+                runs.extend(round_runs)
+    finally:
+        for proc in pyspy_procs:
+            proc.send_signal(signal.SIGINT)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=30)
+        for spec in started_specs:
+            stop_server(spec)
+        if redis_prefixes:
+            with contextlib.suppress(Exception):
+                n = redis_cleanup(args.redis_url, redis_prefixes)
+                log(f"removed {n} Redis keys under {nonce}:*")
+        if pg_created:
+            with contextlib.suppress(Exception), postgres_connect(args.postgres_url) as conn:
+                conn.execute(f'DROP SCHEMA "{pg_schema}" CASCADE')
+                log(f"dropped PostgreSQL schema {pg_schema}")
+        shutil.rmtree(tmpdir, ignore_errors=True)
+
+    if not args.no_micro:
+        micro = run_micro(stamp, available, env_urls)
+
+    rows = summarize(runs, specs)
+    versions = {p: v for p in SHARED_STACK if (v := version_of(p))}
+    versions["retrysafe"] = version_of("retrysafe") or "?"
+    report = {
+        "meta": {
+            "date": started.strftime("%Y-%m-%d %H:%M UTC"),
+            "nproc": os.cpu_count(),
+            "cpu_model": cpu_model(),
+            "python": platform.python_version(),
+            "commit": git_commit(),
+            "client": client_name,
+            "connections": args.connections,
+            "duration": args.duration,
+            "repeat": args.repeat,
+            "pinned": pin,
+            "versions": versions,
+            "peer_versions": peer_meta,
+            "elapsed_s": round((dt.datetime.now(dt.UTC) - started).total_seconds()),
+        },
+        "rows": rows,
+        "versus_peers": versus_peers(rows),
+        "skipped": skipped,
+        "micro": micro,
+        "runs": runs,
+    }
+    md = markdown(report)
+    (RESULTS / f"bench-{stamp}.json").write_text(json.dumps(report, indent=2))
+    (RESULTS / f"bench-{stamp}.md").write_text(md)
+    shutil.copyfile(RESULTS / f"bench-{stamp}.md", RESULTS / "latest.md")
+    shutil.copyfile(RESULTS / f"bench-{stamp}.json", RESULTS / "latest.json")
+    print(md)
+    log(f"results: bench/results/bench-{stamp}.json and .md ({report['meta']['elapsed_s']} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
