@@ -1,0 +1,409 @@
+"""Driver-independent half of the PostgreSQL store: options, statements, operations.
+
+Both faces of :mod:`retrysafe.stores.postgres` (asyncpg for async, psycopg for sync) and, later,
+the transactional mode run exactly this code; only the few lines that send a statement and read
+its rows differ per driver.
+
+- :class:`PostgresOptions`: everything a ``postgresql://`` URL's query may set, validated once.
+- :class:`Statements`: the named statements of ``sql/postgres.sql`` with ``{table}`` filled in
+  and the ``:name`` placeholders rewritten to PostgreSQL's own ``$1, $2...`` (both asyncpg and
+  psycopg's ``RawCursor`` take those), plus the order in which to pass the arguments.
+- Operations (``reserve_op``, ``renew_op``...) are generators: each yields a :class:`Query`,
+  receives its rows, and returns the result. A driver loop sends the statements (see
+  ``drive_async`` / ``drive_sync`` in :mod:`retrysafe.stores.postgres`). A connection lost in
+  the middle of a statement is thrown into the generator as :class:`ConnectionLostError`, so
+  the retry policy is written once, here, for both drivers.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Generator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+from .._errors import ConfigurationError, StoreError, StoreUnavailableError
+from ._base import Record, Reservation, new_token
+from ._sql import load_queries
+
+__all__ = [
+    "ConnectionLostError",
+    "PostgresOptions",
+    "Query",
+    "Statement",
+    "Statements",
+    "complete_op",
+    "ensure_schema_op",
+    "get_op",
+    "is_unavailable_sqlstate",
+    "purge_op",
+    "release_op",
+    "renew_op",
+    "reserve_op",
+]
+
+STORE_NAME = "postgres"
+DEFAULT_TABLE = "retrysafe_records"
+PURGE_BATCH = 1000
+#: A reserve returns no row only when a concurrent writer committed the key after the statement's
+#: snapshot; the next attempt sees it. Many attempts in a row mean something else is wrong.
+RESERVE_ATTEMPTS = 50
+
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
+_PLACEHOLDER = re.compile(r"(?<![:\w]):([A-Za-z_][A-Za-z0-9_]*)")
+_SYNCHRONOUS_COMMIT = {"on", "off", "local", "remote_write", "remote_apply"}
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+class ConnectionLostError(StoreUnavailableError):
+    """An established connection broke during a statement (terminated backend, server restart).
+
+    The statement may or may not have been carried out; operations decide whether repeating it
+    on a fresh connection is safe.
+    """
+
+
+def is_unavailable_sqlstate(sqlstate: str | None) -> bool:
+    """Whether a server error means "not available now, retry later" rather than a bug.
+
+    Class 08 (connection exception), 53 (insufficient resources, e.g. too many connections),
+    57P01-57P05 (admin/crash shutdown, cannot connect now, idle session timeout).
+    """
+    if not sqlstate:
+        return False
+    return sqlstate.startswith(("08", "53")) or sqlstate in {
+        "57P01",
+        "57P02",
+        "57P03",
+        "57P04",
+        "57P05",
+    }
+
+
+def _flag(name: str, value: str) -> bool:
+    lowered = value.lower()
+    if lowered in _TRUE:
+        return True
+    if lowered in _FALSE:
+        return False
+    raise ConfigurationError(f"postgres URL option {name}={value!r}: use true or false")
+
+
+def _number(name: str, value: str, kind: type[int] | type[float]) -> Any:
+    try:
+        number = kind(value)
+    except ValueError:
+        raise ConfigurationError(
+            f"postgres URL option {name}={value!r} is not a {kind.__name__}"
+        ) from None
+    if number < 0:
+        raise ConfigurationError(f"postgres URL option {name} must not be negative")
+    return number
+
+
+def quote_table(table: str) -> tuple[str, str, str]:
+    """Validate ``table`` or ``schema.table``; return (quoted name, quoted index name, plain).
+
+    Only plain identifiers are accepted (letters, digits, ``_``; at most 63 characters each), so
+    the quoted name can be put into SQL text safely.
+
+    Raises:
+        ConfigurationError: not one or two identifiers separated by a dot.
+    """
+    parts = table.split(".")
+    if not 1 <= len(parts) <= 2 or not all(_IDENTIFIER.fullmatch(p) for p in parts):
+        raise ConfigurationError(
+            f"postgres table {table!r}: use NAME or SCHEMA.NAME made of letters, digits and _"
+        )
+    index = f"{parts[-1][:52]}_expires_at"
+    return ".".join(f'"{p}"' for p in parts), f'"{index}"', table
+
+
+@dataclass(frozen=True, kw_only=True)
+class PostgresOptions:
+    """Settings of a PostgreSQL store; each can be given as a ``postgresql://`` URL query option.
+
+    Attributes:
+        dsn: the connection URL handed to the driver (retrysafe's own options removed).
+        table: ``name`` or ``schema.name`` of the records table (the schema must exist).
+        auto_create: create the table on first use if it is missing (default true: zero set-up,
+            like the SQLite store; it costs one catalog lookup per store, not per request). Set
+            false where the application's role may not run DDL, and create the table once with
+            ``retrysafe schema apply --store URL``.
+        min_size: connections the pool keeps open.
+        max_size: most connections the pool opens.
+        connect_timeout: seconds to wait for a new connection.
+        pool_timeout: seconds to wait for a free pooled connection before failing with
+            :class:`~retrysafe.StoreUnavailableError`.
+        synchronous_commit: opt-in ``synchronous_commit`` for the store's own write transactions
+            only (e.g. ``off``: a commit no longer waits for its WAL flush, so a server crash can
+            lose the last few hundred milliseconds of reservations and completions; a lost
+            reservation lets a retry run again). Unset (default): the server's setting.
+        application_name: shown in ``pg_stat_activity`` (default ``retrysafe``), to find the
+            store's connections.
+    """
+
+    dsn: str
+    table: str = DEFAULT_TABLE
+    auto_create: bool = True
+    min_size: int = 1
+    max_size: int = 10
+    connect_timeout: float = 5.0
+    pool_timeout: float = 5.0
+    synchronous_commit: str | None = None
+    application_name: str = "retrysafe"
+    quoted_table: str = field(init=False, repr=False)
+    quoted_index: str = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        quoted, index, _ = quote_table(self.table)
+        object.__setattr__(self, "quoted_table", quoted)
+        object.__setattr__(self, "quoted_index", index)
+        if self.max_size < 1 or self.min_size > self.max_size:
+            raise ConfigurationError(
+                f"postgres pool sizes: need 0 <= min_size <= max_size and max_size >= 1 "
+                f"(got {self.min_size}, {self.max_size})"
+            )
+        if self.connect_timeout <= 0 or self.pool_timeout <= 0:
+            raise ConfigurationError("postgres connect_timeout and pool_timeout must be > 0")
+        if (
+            self.synchronous_commit is not None
+            and self.synchronous_commit not in _SYNCHRONOUS_COMMIT
+        ):
+            choices = ", ".join(sorted(_SYNCHRONOUS_COMMIT))
+            raise ConfigurationError(
+                f"postgres synchronous_commit={self.synchronous_commit!r}: use one of {choices}"
+            )
+
+    @classmethod
+    def from_url(cls, url: str, **overrides: Any) -> PostgresOptions:
+        """Split retrysafe's options off a ``postgresql://`` URL.
+
+        ``table``, ``auto_create``, ``min_size``, ``max_size``, ``connect_timeout``,
+        ``pool_timeout``, ``synchronous_commit`` and ``application_name`` are read here; every
+        other query option (``sslmode``...) stays in the URL for the driver.
+
+        Raises:
+            ConfigurationError: not a postgres URL, or an option has a bad value.
+        """
+        parts = urlsplit(url)
+        if parts.scheme.lower() not in {"postgresql", "postgres"}:
+            raise ConfigurationError(f"not a postgresql:// URL: {parts.scheme}://...")
+        kwargs: dict[str, Any] = {}
+        kept: list[tuple[str, str]] = []
+        for name, value in parse_qsl(parts.query, keep_blank_values=True):
+            if name in {"table", "synchronous_commit", "application_name"}:
+                kwargs[name] = value
+            elif name == "auto_create":
+                kwargs[name] = _flag(name, value)
+            elif name in {"min_size", "max_size"}:
+                kwargs[name] = _number(name, value, int)
+            elif name in {"connect_timeout", "pool_timeout"}:
+                kwargs[name] = _number(name, value, float)
+            else:
+                kept.append((name, value))
+        dsn = urlunsplit(parts._replace(query=urlencode(kept)))
+        kwargs.update(overrides)
+        return cls(dsn=dsn, **kwargs)
+
+
+@dataclass(frozen=True, slots=True)
+class Statement:
+    """One SQL statement in ``$n`` form and the parameter names in ``$n`` order."""
+
+    name: str
+    sql: str
+    params: tuple[str, ...]
+
+    def args(self, values: Mapping[str, Any]) -> tuple[Any, ...]:
+        """The positional arguments for ``values`` given by name."""
+        return tuple(values[p] for p in self.params)
+
+
+def to_dollar(sql: str) -> tuple[str, tuple[str, ...]]:
+    """Rewrite ``:name`` placeholders to ``$1, $2...`` (one number per distinct name).
+
+    ``::type`` casts are left alone, and ``--`` comment lines are dropped so that a colon in a
+    comment can never become a parameter.
+    """
+    lines = [line for line in sql.splitlines() if not line.lstrip().startswith("--")]
+    names: list[str] = []
+
+    def number(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name not in names:
+            names.append(name)
+        return f"${names.index(name) + 1}"
+
+    return _PLACEHOLDER.sub(number, "\n".join(lines)), tuple(names)
+
+
+class Statements:
+    """The statements of ``sql/postgres.sql`` prepared for one table.
+
+    Args:
+        options: the store's options (table name, synchronous_commit).
+    """
+
+    def __init__(self, options: PostgresOptions) -> None:
+        self.options = options
+        self.synchronous_commit = options.synchronous_commit
+        self.table_name = options.table
+        self._by_name: dict[str, Statement] = {}
+        for name, text in load_queries("postgres.sql").items():
+            text = text.replace("{table}", options.quoted_table)
+            text = text.replace("{index}", options.quoted_index)
+            sql, params = to_dollar(text)
+            self._by_name[name] = Statement(name, sql, params)
+
+    def __getitem__(self, name: str) -> Statement:
+        return self._by_name[name]
+
+    def query(self, name: str, **values: Any) -> Query:
+        """A statement with its arguments (``synchronous_commit`` is filled in here)."""
+        statement = self._by_name[name]
+        if "synchronous_commit" in statement.params:
+            values["synchronous_commit"] = self.synchronous_commit
+        return Query(statement, statement.args(values))
+
+
+@dataclass(frozen=True, slots=True)
+class Query:
+    """A statement ready to send: what an operation yields to its driver."""
+
+    statement: Statement
+    args: tuple[Any, ...]
+
+
+Rows = Sequence[Sequence[Any]]
+#: An operation: yields queries, receives their rows, returns its result.
+Op = Generator[Query, Rows, Any]
+
+
+def _record(row: Sequence[Any], offset: int = 0) -> Record:
+    fingerprint, state, lease_remaining, response = row[offset : offset + 4]
+    if state == 1:
+        return Record(fingerprint, "completed", bytes(response))
+    return Record(fingerprint, "in_progress", lease_remaining=max(0.0, float(lease_remaining)))
+
+
+def reserve_op(
+    q: Statements, record_id: str, fingerprint: str, *, lease: float, ttl: float
+) -> Generator[Query, Rows, Reservation]:
+    """See :meth:`retrysafe.stores.AsyncStore.reserve`.
+
+    Runs the one-statement reserve-or-read; on no row (a concurrent commit after the snapshot,
+    or a release between snapshot and insert) runs it again. After a lost connection it runs it
+    again too: the statement recognises this call's token if the lost attempt had won.
+    """
+    token = new_token()
+    query = q.query(
+        "reserve",
+        id=record_id,
+        fingerprint=fingerprint,
+        token=token,
+        lease=float(lease),
+        ttl=float(ttl),
+    )
+    lost = False
+    for _ in range(RESERVE_ATTEMPTS):
+        try:
+            rows = yield query
+        except ConnectionLostError:
+            if lost:
+                raise
+            lost = True
+            continue
+        if rows:
+            row = rows[0]
+            if row[0]:
+                return Reservation(token=token)
+            return Reservation(record=_record(row, 1))
+    raise StoreError(
+        f"reserve found no record {RESERVE_ATTEMPTS} times in a row (constant churn on one key)",
+        store=STORE_NAME,
+    )
+
+
+def _retry_once(query: Query) -> Generator[Query, Rows, Rows]:
+    """Run ``query``; on a lost connection run it once more (safe for idempotent statements)."""
+    try:
+        return (yield query)
+    except ConnectionLostError:
+        return (yield query)
+
+
+def renew_op(
+    q: Statements, record_id: str, token: str, *, lease: float
+) -> Generator[Query, Rows, bool]:
+    """See :meth:`retrysafe.stores.AsyncStore.renew` (extending a lease twice is harmless)."""
+    rows = yield from _retry_once(q.query("renew", id=record_id, token=token, lease=float(lease)))
+    return bool(rows)
+
+
+def complete_op(
+    q: Statements, record_id: str, token: str, response: bytes, *, ttl: float
+) -> Generator[Query, Rows, bool]:
+    """See :meth:`retrysafe.stores.AsyncStore.complete`.
+
+    Losing the connection here is the worst moment (the handler ran; a lost completion lets the
+    key be run again after the lease), so it is retried on a fresh connection; if the lost
+    attempt had committed, ``completed_by`` recognises it as this token's completion.
+    """
+    query = q.query("complete", id=record_id, token=token, response=response, ttl=float(ttl))
+    try:
+        rows = yield query
+    except ConnectionLostError:
+        rows = yield query
+        if not rows:
+            rows = yield q.query("completed_by", id=record_id, token=token)
+    return bool(rows)
+
+
+def release_op(q: Statements, record_id: str, token: str) -> Generator[Query, Rows, bool]:
+    """See :meth:`retrysafe.stores.AsyncStore.release`.
+
+    Retried once after a lost connection; it then answers ``False`` if the lost attempt had
+    already deleted the record (callers only log that answer).
+    """
+    rows = yield from _retry_once(q.query("release", id=record_id, token=token))
+    return bool(rows)
+
+
+def get_op(q: Statements, record_id: str) -> Generator[Query, Rows, Record | None]:
+    """See :meth:`retrysafe.stores.AsyncStore.get`."""
+    rows = yield from _retry_once(q.query("get", id=record_id))
+    return _record(rows[0]) if rows else None
+
+
+def purge_op(q: Statements, batch: int = PURGE_BATCH) -> Generator[Query, Rows, int]:
+    """See :meth:`retrysafe.stores.AsyncStore.purge_expired`: batches until one comes back short.
+
+    Each batch is its own short transaction, so a large purge never holds many row locks.
+    """
+    total = 0
+    while True:
+        rows = yield from _retry_once(q.query("purge", batch=batch))
+        deleted = int(rows[0][0])
+        total += deleted
+        if deleted < batch:
+            return total
+
+
+def ensure_schema_op(q: Statements, *, only_if_missing: bool) -> Generator[Query, Rows, None]:
+    """Create the table and its expiry index. Run inside one transaction.
+
+    Args:
+        q: the statements.
+        only_if_missing: look the table up first and stop if it exists (first use: a role
+            without CREATE rights can still use an existing table).
+    """
+    if only_if_missing:
+        rows = yield q.query("table_exists", table_name=q.options.quoted_table)
+        if rows and rows[0][0]:
+            return
+    yield q.query("lock_schema", table_name=q.table_name)
+    yield q.query("create_table")
+    yield q.query("create_index")
