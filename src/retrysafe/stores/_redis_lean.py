@@ -148,7 +148,7 @@ class _Connection(asyncio.Protocol):
     def close(self) -> None:
         """Close the connection (waiting commands fail)."""
         self.closed = True
-        if self._transport is not None:
+        if self._transport is not None and not self.loop.is_closed():
             self._transport.close()
 
 
