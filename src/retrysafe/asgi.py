@@ -41,6 +41,17 @@ _REPLAYED = (b"idempotency-replayed", b"true")
 _BODY_OMITTED = (b"idempotency-body-omitted", b"true")
 
 
+#: Handlers that outlive their cancelled request; kept here so they are not garbage-collected.
+_detached: set[asyncio.Future[None]] = set()
+
+
+def _forget(task: asyncio.Future[None]) -> None:
+    _detached.discard(task)
+    if not task.cancelled() and task.exception() is not None:
+        # The key was released; the client that could see the error is gone.
+        logger.error("handler of a cancelled request failed", exc_info=task.exception())
+
+
 class _RequestTooLarge(Exception):
     pass
 
@@ -265,7 +276,7 @@ class _Exchange:
             if not message.get("more_body", False):
                 return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
-    def _app_receive(self) -> Receive:
+    def _app_receive(self, *, hide_disconnect: bool = False) -> Receive:
         body_sent = False
         receive = self.receive
         body = self.body
@@ -276,6 +287,11 @@ class _Exchange:
                 body_sent = True
                 return {"type": "http.request", "body": body, "more_body": False}
             message: Message = await receive()
+            if hide_disconnect and message["type"] == "http.disconnect":
+                # A protected handler runs to completion so its response is stored (guarantee
+                # 4); Starlette's StreamingResponse would otherwise stop at the disconnect.
+                self.client_gone = True
+                await asyncio.Event().wait()
             return message
 
         return app_receive
@@ -315,18 +331,32 @@ class _Exchange:
                     await self._finish(status, headers, b"".join(chunks), omitted)
             await self._forward(message)
 
-        renewer.start()
-        try:
-            await self.mw.app(self.scope, self._app_receive(), app_send)
-        except BaseException:
+        async def run_app() -> None:
+            renewer.start()
+            try:
+                await self.mw.app(self.scope, self._app_receive(hide_disconnect=True), app_send)
+            except BaseException:
+                renewer.stop()
+                if not finished:
+                    await self._release()
+                raise
             renewer.stop()
             if not finished:
+                logger.warning("handler returned without finishing its response; key released")
                 await self._release()
+
+        # The handler runs in its own task: when the server cancels this request (the client
+        # went away), the handler still finishes and its response is stored (guarantee 4).
+        task = asyncio.ensure_future(run_app())
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if task.done():
+                raise
+            self.client_gone = True
+            _detached.add(task)
+            task.add_done_callback(_forget)
             raise
-        renewer.stop()
-        if not finished:
-            logger.warning("handler returned without finishing its response; key released")
-            await self._release()
 
     async def _forward(self, message: Message) -> None:
         if self.client_gone:
