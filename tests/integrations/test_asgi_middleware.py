@@ -146,7 +146,9 @@ def build_app(
         Route("/optout", opted_out, methods=["POST"]),
         Route("/waiting", waiting, methods=["POST"]),
     ]
-    middleware = [*(outer or []), Middleware(IdempotencyMiddleware, store=store, **options)]
+    # Starlette's ParamSpec-typed Middleware cannot match a constructor that takes **options.
+    idem = Middleware(IdempotencyMiddleware, store=store, **options)  # type: ignore[arg-type]
+    middleware = [*(outer or []), idem]
     return Starlette(routes=routes, middleware=middleware)
 
 
@@ -393,7 +395,8 @@ async def test_malformed_key_is_400_and_nothing_runs(
     store: AsyncStore, calls: Calls, headers: list[tuple[str, str | bytes]]
 ) -> None:
     async with client_for(build_app(store, calls)) as client:
-        response = await client.post("/orders", json=ORDER, headers=headers)
+        raw = [(n.encode(), v if isinstance(v, bytes) else v.encode()) for n, v in headers]
+        response = await client.post("/orders", json=ORDER, headers=raw)
     assert response.status_code == 400
     assert problem_type(response) == "idempotency-key-invalid"
     assert calls["orders"] == 0

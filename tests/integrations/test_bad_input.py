@@ -168,7 +168,7 @@ async def test_many_malformed_keys_never_give_a_500(store: AsyncStore) -> None:
     async with client_for(build_app(store, calls)) as client:
         statuses = {
             (
-                await client.post("/blobs", content=b"x", headers=[("Idempotency-Key", value)])
+                await client.post("/blobs", content=b"x", headers=[(b"Idempotency-Key", value)])
             ).status_code
             for value in bad
         }
