@@ -137,6 +137,11 @@ class PostgresOptions:
         connect_timeout: seconds to wait for a new connection.
         pool_timeout: seconds to wait for a free pooled connection before failing with
             :class:`~retrysafe.StoreUnavailableError`.
+        max_idle: seconds after which an idle pooled connection above ``min_size`` is closed;
+            0 keeps them. The async face defaults to 0: asyncpg arms and cancels an inactivity
+            timer on every release, about 10 us of CPU per operation measured, while at most
+            ``max_size`` idle connections is a small price. The sync face uses psycopg_pool's
+            ``max_idle`` (600 s when 0 is given, since it has no "keep" setting).
         synchronous_commit: opt-in ``synchronous_commit`` for the store's own write transactions
             only (e.g. ``off``: a commit no longer waits for its WAL flush, so a server crash can
             lose the last few hundred milliseconds of reservations and completions; a lost
@@ -152,6 +157,7 @@ class PostgresOptions:
     max_size: int = 10
     connect_timeout: float = 5.0
     pool_timeout: float = 5.0
+    max_idle: float = 0.0
     synchronous_commit: str | None = None
     application_name: str = "retrysafe"
     quoted_table: str = field(init=False, repr=False)
@@ -182,7 +188,8 @@ class PostgresOptions:
         """Split retrysafe's options off a ``postgresql://`` URL.
 
         ``table``, ``auto_create``, ``min_size``, ``max_size``, ``connect_timeout``,
-        ``pool_timeout``, ``synchronous_commit`` and ``application_name`` are read here; every
+        ``pool_timeout``, ``max_idle``, ``synchronous_commit`` and ``application_name`` are
+        read here; every
         other query option (``sslmode``...) stays in the URL for the driver.
 
         Raises:
@@ -200,7 +207,7 @@ class PostgresOptions:
                 kwargs[name] = _flag(name, value)
             elif name in {"min_size", "max_size"}:
                 kwargs[name] = _number(name, value, int)
-            elif name in {"connect_timeout", "pool_timeout"}:
+            elif name in {"connect_timeout", "pool_timeout", "max_idle"}:
                 kwargs[name] = _number(name, value, float)
             else:
                 kept.append((name, value))

@@ -191,6 +191,7 @@ class AsyncPostgresStore:
                     timeout=o.connect_timeout,
                     server_settings={"application_name": o.application_name},
                     reset=_keep_session,
+                    max_inactive_connection_lifetime=o.max_idle,
                 )
             except Exception as exc:
                 raise _asyncpg_error(exc, established=False, what="connect") from exc
@@ -233,7 +234,10 @@ class AsyncPostgresStore:
         pool = self._pool or await self._open()
         what = query.statement.name
         try:
-            conn = await pool.acquire(timeout=self.options.pool_timeout)
+            # asyncio.timeout, not acquire(timeout=...): on Python 3.11 the latter wraps the
+            # acquire in asyncio.wait_for, a new task per call (about 40 us of CPU measured).
+            async with asyncio.timeout(self.options.pool_timeout):
+                conn = await pool.acquire()
         except Exception as exc:
             raise _asyncpg_error(exc, established=False, what=what) from exc
         try:
@@ -378,6 +382,7 @@ class PostgresStore:
                 min_size=o.min_size,
                 max_size=o.max_size,
                 timeout=o.pool_timeout,
+                max_idle=o.max_idle or 600.0,
                 name=f"retrysafe-{o.table}",
                 open=False,
             )
