@@ -12,12 +12,12 @@ URL                    classes                           extra
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+import importlib as _importlib
+from typing import Any as _Any
 
-from .._errors import ConfigurationError
+from .._errors import ConfigurationError as _ConfigurationError
 from ._base import AsyncStore, Record, Reservation, Store
-from ._inline import InlineAsyncStore
+from ._inline import InlineAsyncStore as _InlineAsyncStore
 from .memory import AsyncMemoryStore, MemoryStore
 from .sqlite import AsyncSQLiteStore, SQLiteStore
 
@@ -47,20 +47,20 @@ _REGISTRY: dict[str, tuple[str, str, str, str | None]] = {
 }
 
 
-def _store_class(url: str, index: int) -> Any:
+def _store_class(url: str, index: int) -> _Any:
     scheme = url.partition("://")[0].lower() if "://" in url else ""
     if scheme not in _REGISTRY:
         known = ", ".join(sorted(f"{s}://" for s in _REGISTRY))
-        raise ConfigurationError(
+        raise _ConfigurationError(
             f"unknown store URL scheme in {url.split('://')[0]!r}: use {known}"
         )
     entry = _REGISTRY[scheme]
     class_name = entry[index]
     assert class_name is not None
     try:
-        module = importlib.import_module(entry[0])
+        module = _importlib.import_module(entry[0])
     except ImportError as exc:
-        raise ConfigurationError(
+        raise _ConfigurationError(
             f"the {scheme}:// store needs an extra: pip install 'retrysafe[{entry[3]}]' ({exc})"
         ) from exc
     return getattr(module, class_name)
@@ -99,8 +99,8 @@ def resolve_async_store(store: str | AsyncStore | Store) -> AsyncStore:
     if isinstance(store, AsyncStore):
         return store
     if isinstance(store, Store):
-        return InlineAsyncStore(store)
-    raise ConfigurationError(f"not a store or store URL: {store!r}")
+        return _InlineAsyncStore(store)
+    raise _ConfigurationError(f"not a store or store URL: {store!r}")
 
 
 def resolve_store(store: str | Store) -> Store:
@@ -113,4 +113,4 @@ def resolve_store(store: str | Store) -> Store:
         return store_from_url(store)
     if isinstance(store, Store) and not hasattr(store, "aclose"):
         return store
-    raise ConfigurationError(f"not a synchronous store or store URL: {store!r}")
+    raise _ConfigurationError(f"not a synchronous store or store URL: {store!r}")
