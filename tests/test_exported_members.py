@@ -6,7 +6,6 @@ import __future__
 import re
 import types
 
-
 import retrysafe
 import retrysafe.stores
 
