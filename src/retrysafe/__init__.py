@@ -22,6 +22,7 @@ from ._errors import (
     StoreUnavailableError,
 )
 from ._routes import idempotent
+from ._transaction import mark_committed, transaction
 from .stores import async_store_from_url, store_from_url
 
 __version__ = "0.1.0"
@@ -40,5 +41,7 @@ __all__ = [
     "StoredResponse",
     "async_store_from_url",
     "idempotent",
+    "mark_committed",
     "store_from_url",
+    "transaction",
 ]

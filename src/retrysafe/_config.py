@@ -11,6 +11,7 @@ from ._errors import ConfigurationError
 __all__ = [
     "DEFAULT_RELEASE_STATUSES",
     "DEFAULT_REPLAY_HEADER_DENYLIST",
+    "EventHook",
     "IdempotencyConfig",
     "RouteOptions",
     "ScopeResolver",
@@ -18,6 +19,9 @@ __all__ = [
 
 #: Returns the principal a request acts for ("" for global); given the ASGI scope or WSGI environ.
 ScopeResolver = Callable[[Mapping[str, Any]], str]
+
+#: Receives ``(event, details)``; see :attr:`IdempotencyConfig.on_event`.
+EventHook = Callable[[str, Mapping[str, Any]], None]
 
 #: Request-level rejections: nothing ran, so the key is released and the client may correct and
 #: retry with the same key (DESIGN section 2). Every 5xx is released too.
@@ -84,6 +88,13 @@ class IdempotencyConfig:
         replay_header_allowlist: when set, only these lower-case header names are stored.
         scope_resolver: the principal of a request; default: the authenticated user
             (``scope["user"]``), else a hash of the ``Authorization`` header, else global.
+        transactional: run each keyed request in a database transaction of the SQL store
+            (SQLite, PostgreSQL): the handler's writes on :func:`retrysafe.transaction`'s
+            connection commit together with the stored response (exactly-once effects).
+        on_event: called as ``hook(event, details)`` for ``replayed``, ``conflict``,
+            ``mismatch``, ``outcome_unknown``, ``store_error``, ``fail_open``,
+            ``completion_deferred``, ``completion_recovered``, ``completion_failed`` and
+            ``lease_lost`` (metrics, alerts); it must not block.
         problem_type_base: prefix of the RFC 9457 ``type`` of error responses.
         documentation_url: when set, errors carry ``Link: <url>; rel="describedby"``.
     """
@@ -104,6 +115,8 @@ class IdempotencyConfig:
     replay_header_denylist: frozenset[str] = DEFAULT_REPLAY_HEADER_DENYLIST
     replay_header_allowlist: frozenset[str] | None = None
     scope_resolver: ScopeResolver | None = None
+    transactional: bool = False
+    on_event: EventHook | None = None
     problem_type_base: str = "urn:retrysafe:problem:"
     documentation_url: str | None = None
 
@@ -143,6 +156,8 @@ class IdempotencyConfig:
             )
         if self.scope_resolver is not None and not callable(self.scope_resolver):
             raise ConfigurationError("scope_resolver must be callable")
+        if self.on_event is not None and not callable(self.on_event):
+            raise ConfigurationError("on_event must be callable")
 
     def should_store(self, status: int) -> bool:
         """Return whether a response with this status is stored (else the key is released)."""

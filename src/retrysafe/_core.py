@@ -24,6 +24,9 @@ class Decision(enum.Enum):
     """The first request is still running: 409 (or wait and replay)."""
     MISMATCH = "mismatch"
     """The key was used with a different request: 422, nothing runs."""
+    OUTCOME_UNKNOWN = "outcome_unknown"
+    """The first request committed its effects, then its process died before storing the
+    response: 409 until an operator resolves the key or its retention ends, never a rerun."""
 
 
 def decide(reservation: Reservation, fingerprint: str) -> Decision:
@@ -46,6 +49,8 @@ def decide(reservation: Reservation, fingerprint: str) -> Decision:
         return Decision.MISMATCH
     if record.state == "completed":
         return Decision.REPLAY
+    if record.committed and record.lease_remaining <= 0:
+        return Decision.OUTCOME_UNKNOWN
     return Decision.IN_PROGRESS
 
 

@@ -15,10 +15,10 @@ from typing import Any, Protocol, runtime_checkable
 
 from ._errors import ConfigurationError
 
-__all__ = ["TRANSACTION_SCOPE_KEY", "AsyncTransaction", "transaction"]
+__all__ = ["CONTEXT_SCOPE_KEY", "AsyncTransaction", "mark_committed", "transaction"]
 
-#: Where the middleware puts the request's :class:`AsyncTransaction` in the ASGI scope.
-TRANSACTION_SCOPE_KEY = "retrysafe.transaction"
+#: Where the middleware puts the executing request's context in the ASGI scope.
+CONTEXT_SCOPE_KEY = "retrysafe.context"
 
 
 @runtime_checkable
@@ -68,7 +68,8 @@ async def transaction(request: Any, *, optional: bool = False) -> Any:
             or ``transactional=True`` is not set on the middleware).
     """
     scope: Mapping[str, Any] = getattr(request, "scope", request)
-    tx = scope.get(TRANSACTION_SCOPE_KEY)
+    context = scope.get(CONTEXT_SCOPE_KEY)
+    tx = None if context is None else context.transaction
     if tx is None:
         if optional:
             return None
@@ -77,3 +78,28 @@ async def transaction(request: Any, *, optional: bool = False) -> Any:
             "is not in transactional mode (transactional=True with a SQL store)"
         )
     return await tx.connection()
+
+
+async def mark_committed(request: Any) -> bool:
+    """Declare that the request's side effects are committed (non-transactional mode).
+
+    Call it right after the effect (the order row committed, the payment captured). From then
+    on the key is never run again: if the process dies before its response is stored, retries
+    get ``409`` ``idempotency-outcome-unknown`` until an operator resolves the key
+    (``retrysafe resolve``) or its retention ends, instead of a second execution. Before the
+    call, a crash lets a retry run after the lease (nothing was done). One store round trip; in
+    transactional mode a no-op (the effects commit with the record).
+
+    Args:
+        request: a Starlette/FastAPI ``Request`` or an ASGI scope.
+
+    Returns:
+        ``True`` when recorded (or the request has no key: nothing to protect); ``False`` when
+        the store could not be reached or the lease was lost.
+    """
+    scope: Mapping[str, Any] = getattr(request, "scope", request)
+    context = scope.get(CONTEXT_SCOPE_KEY)
+    if context is None:
+        return True
+    ok: bool = await context.mark_committed()
+    return ok

@@ -24,6 +24,7 @@ from ._keys import parse_key, record_id
 from ._problems import render_problem
 from ._routes import RouteTable
 from ._scope import asgi_default_scope
+from ._transaction import CONTEXT_SCOPE_KEY, AsyncTransaction
 from .stores import AsyncStore, Store, resolve_async_store
 from .stores._base import Reservation
 
@@ -43,6 +44,15 @@ _BODY_OMITTED = (b"idempotency-body-omitted", b"true")
 
 #: Handlers that outlive their cancelled request; kept here so they are not garbage-collected.
 _detached: set[asyncio.Future[None]] = set()
+#: Background completions after a store failure (kept referenced until they end).
+_pending: set[asyncio.Future[None]] = set()
+#: How long a response whose completion failed is retried before giving up.
+_COMPLETION_RETRY_SECONDS = 120.0
+
+
+def _keep(task: asyncio.Future[None]) -> None:
+    _pending.add(task)
+    task.add_done_callback(_pending.discard)
 
 
 def _forget(task: asyncio.Future[None]) -> None:
@@ -87,6 +97,11 @@ class IdempotencyMiddleware:
         self.app = app
         self.config = config if config is not None else IdempotencyConfig(**options)
         self.store = resolve_async_store(store)
+        if self.config.transactional and not callable(getattr(self.store, "begin", None)):
+            raise ConfigurationError(
+                f"transactional=True needs a SQL store (SQLite or PostgreSQL), not "
+                f"{type(self.store).__name__}"
+            )
         self._routes = RouteTable()
         self._route_configs: dict[int, IdempotencyConfig] = {}
 
@@ -116,6 +131,7 @@ class _Exchange:
     __slots__ = (
         "body",
         "client_gone",
+        "committed",
         "config",
         "lease_lost",
         "mw",
@@ -124,6 +140,7 @@ class _Exchange:
         "scope",
         "send",
         "token",
+        "tx",
     )
 
     def __init__(
@@ -144,6 +161,8 @@ class _Exchange:
         self.token: str | None = None
         self.client_gone = False
         self.lease_lost = False
+        self.committed = False
+        self.tx: AsyncTransaction | None = None
 
     # -- entry ---------------------------------------------------------------------------------
 
@@ -218,9 +237,20 @@ class _Exchange:
             assert record is not None
             if decision is Decision.REPLAY:
                 assert record.response is not None
+                self._emit("replayed")
                 await self._replay(record.response)
                 return
+            if decision is Decision.OUTCOME_UNKNOWN:
+                self._emit("outcome_unknown")
+                await self._problem(
+                    "idempotency-outcome-unknown",
+                    "The first request with this Idempotency-Key committed its effects but its "
+                    "response was never stored. It will not run again; an operator must resolve "
+                    "the key (retrysafe resolve).",
+                )
+                return
             if decision is Decision.MISMATCH:
+                self._emit("mismatch")
                 await self._problem(
                     "idempotency-key-reused",
                     "This Idempotency-Key was used with a different request "
@@ -231,6 +261,7 @@ class _Exchange:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 0.25)
                 continue
+            self._emit("conflict")
             await self._problem(
                 "idempotency-request-in-progress",
                 "The first request with this Idempotency-Key is still being processed; "
@@ -245,8 +276,10 @@ class _Exchange:
                 self.record_id, fp, lease=self.config.lease, ttl=self.config.ttl
             )
         except StoreError as exc:
+            self._emit("store_error")
             if self.config.on_store_error == "fail_open":
                 logger.warning("idempotency store failed, running unprotected: %s", exc)
+                self._emit("fail_open")
                 await self.mw.app(self.scope, self._app_receive(), self.send)
                 return None
             logger.error("idempotency store failed, answering 503: %s", exc)
@@ -300,12 +333,18 @@ class _Exchange:
 
     async def _execute(self) -> None:
         config = self.config
+        if config.transactional:
+            begin = getattr(self.mw.store, "begin", None)
+            assert begin is not None  # checked at start-up
+            self.tx = begin()
+        self.scope[CONTEXT_SCOPE_KEY] = self
         status = 0
         headers: list[tuple[bytes, bytes]] = []
         chunks: list[bytes] = []
         size = 0
         omitted = False
         finished = False
+        held: list[Message] = []
         renewer = _Renewer(self)
 
         async def app_send(message: Message) -> None:
@@ -326,9 +365,19 @@ class _Exchange:
                 if not message.get("more_body", False) and not finished:
                     finished = True
                     renewer.stop()
+                    if self.tx is not None:
+                        held.append(message)
+                        await self._finish_transaction(
+                            status, headers, b"".join(chunks), omitted, held
+                        )
+                        return
                     # Record the outcome before the last byte leaves, so a client that got the
                     # answer and retries at once is replayed, never told "in progress".
                     await self._finish(status, headers, b"".join(chunks), omitted)
+            if self.tx is not None:
+                # Transactional mode: nothing leaves before the commit, which may still fail.
+                held.append(message)
+                return
             await self._forward(message)
 
         async def run_app() -> None:
@@ -338,12 +387,15 @@ class _Exchange:
             except BaseException:
                 renewer.stop()
                 if not finished:
-                    await self._release()
+                    await self._abandon()
                 raise
+            finally:
+                if self.tx is not None:
+                    await self._close_transaction()
             renewer.stop()
             if not finished:
-                logger.warning("handler returned without finishing its response; key released")
-                await self._release()
+                logger.warning("handler returned without finishing its response")
+                await self._abandon()
 
         # The handler runs in its own task: when the server cancels this request (the client
         # went away), the handler still finishes and its response is stored (guarantee 4).
@@ -368,25 +420,175 @@ class _Exchange:
             # the client's retry gets the replay (guarantee 4).
             self.client_gone = True
 
+    def _stored(
+        self, status: int, headers: list[tuple[bytes, bytes]], body: bytes, omitted: bool
+    ) -> bytes:
+        return encode_response(
+            StoredResponse(status, self._storable_headers(headers), body, omitted)
+        )
+
     async def _finish(
         self, status: int, headers: list[tuple[bytes, bytes]], body: bytes, omitted: bool
     ) -> None:
         assert self.token is not None
-        if not self.config.should_store(status):
+        # Once the handler declared its effects committed, whatever it answers is the outcome
+        # of executed work: store it, never release (a retry must not run the effects again).
+        if not self.committed and not self.config.should_store(status):
             await self._release()
             return
-        response = StoredResponse(status, self._storable_headers(headers), body, omitted)
+        data = self._stored(status, headers, body, omitted)
         try:
             done = await self.mw.store.complete(
-                self.record_id, self.token, encode_response(response), ttl=self.config.ttl
+                self.record_id, self.token, data, ttl=self.config.ttl
             )
         except StoreError as exc:
-            logger.error("could not store the response of %s: %s", self.record_id[:12], exc)
+            logger.error(
+                "could not store the response of %s (%s); retrying in the background",
+                self.record_id[:12],
+                exc,
+            )
+            self._emit("completion_deferred")
+            _keep(asyncio.ensure_future(self._complete_later(data)))
             return
         if not done:
-            logger.error(
-                "lease of %s was lost before completion; response not stored", self.record_id[:12]
+            self._lease_lost_at_completion()
+
+    async def _complete_later(self, data: bytes) -> None:
+        """Keep trying to store a response after a store failure: while the response is not
+        stored the key stays reserved (or, once committed, "outcome unknown"), never free."""
+        assert self.token is not None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + _COMPLETION_RETRY_SECONDS
+        delay = 0.05
+        while loop.time() < deadline:
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 2.0)
+            try:
+                done = await self.mw.store.complete(
+                    self.record_id, self.token, data, ttl=self.config.ttl
+                )
+            except StoreError:
+                continue
+            if done:
+                logger.warning("response of %s stored after a retry", self.record_id[:12])
+                self._emit("completion_recovered")
+            else:
+                self._lease_lost_at_completion()
+            return
+        logger.error("gave up storing the response of %s", self.record_id[:12])
+        self._emit("completion_failed")
+
+    def _lease_lost_at_completion(self) -> None:
+        logger.error(
+            "the lease of %s was taken over before its response was stored: another request "
+            "may have run the operation again (renewals failed for longer than the lease)",
+            self.record_id[:12],
+        )
+        self._emit("lease_lost")
+
+    async def _finish_transaction(
+        self,
+        status: int,
+        headers: list[tuple[bytes, bytes]],
+        body: bytes,
+        omitted: bool,
+        held: list[Message],
+    ) -> None:
+        tx = self.tx
+        assert tx is not None and self.token is not None
+        if not self.config.should_store(status):
+            try:
+                await tx.rollback()
+            except StoreError as exc:
+                logger.error("rollback of %s failed: %s", self.record_id[:12], exc)
+            await self._release()
+        elif not tx.begun:
+            await self._finish(status, headers, body, omitted)
+        else:
+            data = self._stored(status, headers, body, omitted)
+            try:
+                done = await tx.complete(self.record_id, self.token, data, ttl=self.config.ttl)
+            except StoreError as exc:
+                # The commit may or may not have happened; both outcomes are consistent (the
+                # writes and the record commit together), so the retry replays or runs afresh.
+                logger.error("transaction of %s failed: %s", self.record_id[:12], exc)
+                self._emit("store_error")
+                await self._close_transaction()
+                await self._problem(
+                    "idempotency-store-unavailable",
+                    "The transaction could not be committed; retry with the same key.",
+                    retry_after=self.config.store_retry_after,
+                )
+                return
+            if not done:
+                # Fenced out: our lease was taken over and the writes were rolled back.
+                self._emit("lease_lost")
+                await self._close_transaction()
+                await self._problem(
+                    "idempotency-request-in-progress",
+                    "The lease of this request was taken over; its writes were rolled back. "
+                    "Retry later.",
+                    retry_after=retry_after(self.config.lease),
+                )
+                return
+        await self._close_transaction()
+        for message in held:
+            await self._forward(message)
+        held.clear()
+
+    async def _close_transaction(self) -> None:
+        tx, self.tx = self.tx, None
+        if tx is None:
+            return
+        try:
+            await tx.close()
+        except StoreError as exc:
+            logger.error("closing the transaction of %s failed: %s", self.record_id[:12], exc)
+
+    async def _abandon(self) -> None:
+        """The handler failed or never finished its response."""
+        if self.tx is not None:
+            try:
+                await self.tx.rollback()
+            except StoreError as exc:
+                logger.error("rollback of %s failed: %s", self.record_id[:12], exc)
+        elif self.committed:
+            # Effects are committed but there is no response to store: leave the record; once
+            # its lease lapses retries get "outcome unknown", never a second execution.
+            logger.error("handler of %s failed after committing its effects", self.record_id[:12])
+            self._emit("outcome_unknown")
+            return
+        await self._release()
+
+    # -- what a handler can ask of the middleware ----------------------------------------------
+
+    @property
+    def transaction(self) -> AsyncTransaction | None:
+        """The request's transaction in transactional mode, else ``None``."""
+        return self.tx
+
+    async def mark_committed(self) -> bool:
+        """See :func:`retrysafe.mark_committed`."""
+        if self.tx is not None:
+            return True  # the effects commit with the record: nothing can fall in between
+        assert self.token is not None
+        try:
+            ok = await self.mw.store.mark_committed(
+                self.record_id, self.token, lease=self.config.lease
             )
+        except StoreError as exc:
+            logger.error("could not mark %s committed: %s", self.record_id[:12], exc)
+            ok = False
+        self.committed = self.committed or ok
+        return ok
+
+    def _emit(self, event: str) -> None:
+        hook = self.config.on_event
+        if hook is not None:
+            try:
+                hook(event, {"record": self.record_id[:16], "path": self.scope.get("path")})
+            except Exception:
+                logger.exception("on_event hook failed")
 
     def _storable_headers(
         self, headers: list[tuple[bytes, bytes]]
@@ -459,18 +661,21 @@ class _Renewer:
     costs one ``call_later`` and one ``cancel``.
     """
 
-    __slots__ = ("exchange", "handle", "task")
+    __slots__ = ("exchange", "handle", "running", "task")
 
     def __init__(self, exchange: _Exchange) -> None:
         self.exchange = exchange
         self.handle: asyncio.TimerHandle | None = None
         self.task: asyncio.Task[None] | None = None
+        self.running = False
 
     def start(self) -> None:
+        self.running = True
         loop = asyncio.get_running_loop()
         self.handle = loop.call_later(self.exchange.config.lease / 3, self._tick)
 
     def stop(self) -> None:
+        self.running = False
         if self.handle is not None:
             self.handle.cancel()
             self.handle = None
@@ -487,7 +692,7 @@ class _Renewer:
         except StoreError as exc:
             logger.warning("could not renew the lease of %s: %s", ex.record_id[:12], exc)
             return
-        if not ok:
+        if not ok and self.running:
             ex.lease_lost = True
             self.stop()
             logger.error("lease of %s was taken over while its handler ran", ex.record_id[:12])

@@ -821,7 +821,7 @@ async def test_takeover_after_a_lapsed_lease_fences_the_old_request(
     assert replay.json() == {"call": 2}  # but it did not overwrite the record
     assert replay.headers[REPLAYED] == "true"
     assert calls["op"] == 2
-    assert "lost before completion" in caplog.text
+    assert "taken over before its response was stored" in caplog.text
 
 
 async def test_response_is_stored_when_the_client_disconnected_during_send(

@@ -37,12 +37,16 @@ class Record:
         state: ``"in_progress"`` while the first request runs, ``"completed"`` once stored.
         response: the encoded response (completed records only).
         lease_remaining: seconds left on the lease (in-progress records; 0 when lapsed).
+        committed: the running request declared its side effects committed
+            (:meth:`AsyncStore.mark_committed`): such a record is never taken over; once its
+            lease lapses without completion its outcome is unknown.
     """
 
     fingerprint: str
     state: RecordState
     response: bytes | None = None
     lease_remaining: float = 0.0
+    committed: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,12 +85,25 @@ class AsyncStore(Protocol):
         """Extend the lease; ``False`` when ``token`` no longer holds the key."""
         ...
 
+    async def mark_committed(self, record_id: str, token: str, *, lease: float) -> bool:
+        """Record that the request's side effects are committed (and extend the lease).
+
+        From then on a lapsed lease is not taken over: a crash between the effects and the
+        completion leaves an "outcome unknown" record instead of a second execution.
+        ``False`` when ``token`` no longer holds the key.
+        """
+        ...
+
     async def complete(self, record_id: str, token: str, response: bytes, *, ttl: float) -> bool:
         """Store the response and keep it ``ttl`` seconds; ``False`` when fenced out."""
         ...
 
     async def release(self, record_id: str, token: str) -> bool:
         """Delete the reservation so a retry can run; ``False`` when fenced out."""
+        ...
+
+    async def delete(self, record_id: str) -> bool:
+        """Delete a record whatever its state (an operator resolving an unknown outcome)."""
         ...
 
     async def get(self, record_id: str) -> Record | None:
@@ -114,12 +131,20 @@ class Store(Protocol):
         """See :meth:`AsyncStore.renew`."""
         ...
 
+    def mark_committed(self, record_id: str, token: str, *, lease: float) -> bool:
+        """See :meth:`AsyncStore.mark_committed`."""
+        ...
+
     def complete(self, record_id: str, token: str, response: bytes, *, ttl: float) -> bool:
         """See :meth:`AsyncStore.complete`."""
         ...
 
     def release(self, record_id: str, token: str) -> bool:
         """See :meth:`AsyncStore.release`."""
+        ...
+
+    def delete(self, record_id: str) -> bool:
+        """See :meth:`AsyncStore.delete`."""
         ...
 
     def get(self, record_id: str) -> Record | None:

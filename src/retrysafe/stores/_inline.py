@@ -50,6 +50,14 @@ class InlineAsyncStore:
         """See :meth:`retrysafe.stores.AsyncStore.complete`."""
         return await self._call(self.sync.complete, record_id, token, response, ttl=ttl)
 
+    async def mark_committed(self, record_id: str, token: str, *, lease: float) -> bool:
+        """See :meth:`retrysafe.stores.AsyncStore.mark_committed`."""
+        return await self._call(self.sync.mark_committed, record_id, token, lease=lease)
+
+    async def delete(self, record_id: str) -> bool:
+        """See :meth:`retrysafe.stores.AsyncStore.delete`."""
+        return await self._call(self.sync.delete, record_id)
+
     async def release(self, record_id: str, token: str) -> bool:
         """See :meth:`retrysafe.stores.AsyncStore.release`."""
         return await self._call(self.sync.release, record_id, token)

@@ -20,6 +20,7 @@ class _Entry:
     lease_expires_at: float
     expires_at: float
     response: bytes | None = None
+    committed: bool = False
 
 
 class MemoryStore:
@@ -46,7 +47,10 @@ class MemoryStore:
         if entry.response is not None:
             return Record(entry.fingerprint, "completed", entry.response)
         return Record(
-            entry.fingerprint, "in_progress", lease_remaining=max(0.0, entry.lease_expires_at - now)
+            entry.fingerprint,
+            "in_progress",
+            lease_remaining=max(0.0, entry.lease_expires_at - now),
+            committed=entry.committed,
         )
 
     def reserve(self, record_id: str, fingerprint: str, *, lease: float, ttl: float) -> Reservation:
@@ -57,7 +61,9 @@ class MemoryStore:
             if (
                 entry is None
                 or entry.expires_at <= now
-                or (entry.response is None and entry.lease_expires_at <= now)
+                or (
+                    entry.response is None and not entry.committed and entry.lease_expires_at <= now
+                )
             ):
                 token = new_token()
                 self._entries[record_id] = _Entry(fingerprint, token, now + lease, now + ttl)
@@ -78,6 +84,21 @@ class MemoryStore:
                 return False
             entry.lease_expires_at = self._clock() + lease
             return True
+
+    def mark_committed(self, record_id: str, token: str, *, lease: float) -> bool:
+        """See :meth:`retrysafe.stores.Store.mark_committed`."""
+        with self._lock:
+            entry = self._owned(record_id, token)
+            if entry is None:
+                return False
+            entry.committed = True
+            entry.lease_expires_at = self._clock() + lease
+            return True
+
+    def delete(self, record_id: str) -> bool:
+        """See :meth:`retrysafe.stores.Store.delete`."""
+        with self._lock:
+            return self._entries.pop(record_id, None) is not None
 
     def complete(self, record_id: str, token: str, response: bytes, *, ttl: float) -> bool:
         """See :meth:`retrysafe.stores.Store.complete`."""

@@ -147,7 +147,12 @@ class SQLiteStore:
         fingerprint, state, lease_expires_at, response = row
         if state == 1:
             return Record(fingerprint, "completed", bytes(response))
-        return Record(fingerprint, "in_progress", lease_remaining=max(0.0, lease_expires_at - now))
+        return Record(
+            fingerprint,
+            "in_progress",
+            lease_remaining=max(0.0, lease_expires_at - now),
+            committed=state == 2,
+        )
 
     def reserve(self, record_id: str, fingerprint: str, *, lease: float, ttl: float) -> Reservation:
         """See :meth:`retrysafe.stores.Store.reserve`."""
@@ -194,6 +199,15 @@ class SQLiteStore:
             "expires_at": self._clock() + ttl,
         }
         return self._run("complete", params, conn).rowcount == 1
+
+    def mark_committed(self, record_id: str, token: str, *, lease: float) -> bool:
+        """See :meth:`retrysafe.stores.Store.mark_committed`."""
+        params = {"id": record_id, "token": token, "lease_expires_at": self._clock() + lease}
+        return self._run("mark_committed", params).rowcount == 1
+
+    def delete(self, record_id: str) -> bool:
+        """See :meth:`retrysafe.stores.Store.delete`."""
+        return self._run("delete", {"id": record_id}).rowcount == 1
 
     def release(self, record_id: str, token: str) -> bool:
         """See :meth:`retrysafe.stores.Store.release`."""

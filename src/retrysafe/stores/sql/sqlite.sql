@@ -1,5 +1,7 @@
 -- SQLite statements of retrysafe.stores.sqlite. Times are Unix seconds (REAL).
--- state: 0 = in progress (token holds the lease), 1 = completed (response stored).
+-- state: 0 = in progress (token holds the lease), 1 = completed (response stored),
+--        2 = in progress with its side effects committed (never taken over; once its lease
+--            lapses without completion, its outcome is unknown).
 
 -- name: create_table
 CREATE TABLE IF NOT EXISTS retrysafe_records (
@@ -38,15 +40,22 @@ WHERE id = :id AND expires_at > :now;
 
 -- name: renew
 UPDATE retrysafe_records SET lease_expires_at = :lease_expires_at
-WHERE id = :id AND token = :token AND state = 0;
+WHERE id = :id AND token = :token AND state IN (0, 2);
+
+-- name: mark_committed
+UPDATE retrysafe_records SET state = 2, lease_expires_at = :lease_expires_at
+WHERE id = :id AND token = :token AND state IN (0, 2);
+
+-- name: delete
+DELETE FROM retrysafe_records WHERE id = :id;
 
 -- name: complete
 UPDATE retrysafe_records
 SET state = 1, response = :response, expires_at = :expires_at, token = NULL
-WHERE id = :id AND token = :token AND state = 0;
+WHERE id = :id AND token = :token AND state IN (0, 2);
 
 -- name: release
-DELETE FROM retrysafe_records WHERE id = :id AND token = :token AND state = 0;
+DELETE FROM retrysafe_records WHERE id = :id AND token = :token AND state IN (0, 2);
 
 -- name: purge
 DELETE FROM retrysafe_records
