@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from importlib import resources
 from typing import Any
 
@@ -15,6 +16,7 @@ from starlette.routing import Route
 
 from .._config import IdempotencyConfig
 from .._routes import idempotent
+from .._transaction import mark_committed, transaction
 from ..asgi import IdempotencyMiddleware
 from ..stores import resolve_async_store
 from .db import OrderDB, open_db
@@ -30,9 +32,20 @@ class DemoFailure(Exception):
 
 def default_db_url(store_url: str) -> str:
     """OrderHub's data goes to the store's own database when the store is SQL."""
-    if store_url.startswith("sqlite:///"):
+    if store_url.startswith(("sqlite:///", "postgresql://", "postgres://")):
         return store_url.split("?", 1)[0]
     return "sqlite:///./orderhub.db"
+
+
+def same_database(store_url: str, db_url: str) -> bool:
+    """Whether the orders live in the store's own database (so transactional mode applies)."""
+    store_base, db_base = store_url.split("?", 1)[0], db_url.split("?", 1)[0]
+    if store_base.startswith("sqlite:///") and db_base.startswith("sqlite:///"):
+        return os.path.abspath(store_base[10:]) == os.path.abspath(db_base[10:])
+    for scheme in ("postgresql://", "postgres://"):
+        store_base = store_base.replace(scheme, "postgresql://", 1)
+        db_base = db_base.replace(scheme, "postgresql://", 1)
+    return store_base.startswith("postgresql://") and store_base == db_base
 
 
 def _problem(status: int, title: str, detail: str) -> Response:
@@ -55,7 +68,9 @@ def _int_param(request: Request, name: str) -> int:
         return 0
 
 
-async def _create(request: Request, kind: str, fields: dict[str, type], db: OrderDB) -> Response:
+async def _create(
+    request: Request, kind: str, fields: dict[str, type], db: OrderDB, transactional: bool
+) -> Response:
     try:
         data = json.loads(await request.body())
     except ValueError:
@@ -73,7 +88,14 @@ async def _create(request: Request, kind: str, fields: dict[str, type], db: Orde
         await asyncio.sleep(delay_ms / 1000)
     if request.query_params.get("fail") == "1":
         raise DemoFailure(f"the {kind} handler failed on purpose (?fail=1)")
-    record = db.add(kind, _owner(request), **values)
+    if transactional:
+        # The order commits together with the stored response (exactly once, even on a crash).
+        conn = await transaction(request, optional=True)
+        record = await db.add(kind, _owner(request), conn=conn, **values)
+    else:
+        record = await db.add(kind, _owner(request), **values)
+        # From here a crash must not lead to a second order: retries get "outcome unknown".
+        await mark_committed(request)
     delay_after_ms = _int_param(request, "delay_after_ms")
     if delay_after_ms:
         await asyncio.sleep(delay_after_ms / 1000)
@@ -88,7 +110,7 @@ def _listing(kind: str, db: OrderDB) -> Any:
                 limit = max(0, int(request.query_params["limit"]))
             except ValueError:
                 return _problem(400, "Bad limit", "limit must be an integer.")
-        count, records = db.list(kind, limit)
+        count, records = await db.list(kind, limit)
         return JSONResponse({"count": count, kind: records})
 
     return endpoint
@@ -96,7 +118,7 @@ def _listing(kind: str, db: OrderDB) -> Any:
 
 def _detail(kind: str, db: OrderDB) -> Any:
     async def endpoint(request: Request) -> Response:
-        record = db.get(kind, request.path_params["record_id"])
+        record = await db.get(kind, request.path_params["record_id"])
         if record is None:
             return _problem(404, "Not found", f"No such {kind[:-1]}.")
         return JSONResponse(record)
@@ -110,6 +132,7 @@ def create_app(
     db: str | None = None,
     ttl: float = 24 * 3600.0,
     lease: float = 30.0,
+    transactional: bool | None = None,
 ) -> Starlette:
     """Build OrderHub.
 
@@ -118,27 +141,36 @@ def create_app(
         db: where orders and payments live (default: the store's database when it is SQLite).
         ttl: retention of completed records, seconds.
         lease: lease of in-progress records, seconds.
+        transactional: commit orders together with the stored responses; by default on when
+            the orders live in the store's own SQL database.
 
     Returns:
         The ASGI app.
     """
     # Resolve the store now, so a bad URL fails at start-up rather than on the first request.
     idempotency_store = resolve_async_store(store)
-    database = open_db(db or default_db_url(store))
+    db_url = db or default_db_url(store)
+    database = open_db(db_url)
+    if transactional is None:
+        transactional = same_database(store, db_url) and callable(
+            getattr(idempotency_store, "begin", None)
+        )
     page = resources.files("retrysafe.demo").joinpath("static", "index.html").read_bytes()
 
     async def index(request: Request) -> Response:
         return Response(page, media_type="text/html; charset=utf-8")
 
     async def create_order(request: Request) -> Response:
-        return await _create(request, "orders", {"item": str, "quantity": int}, database)
+        fields = {"item": str, "quantity": int}
+        return await _create(request, "orders", fields, database, transactional)
 
     @idempotent(required=True)
     async def create_payment(request: Request) -> Response:
-        return await _create(request, "payments", {"amount": int, "currency": str}, database)
+        fields = {"amount": int, "currency": str}
+        return await _create(request, "payments", fields, database, transactional)
 
     async def reset(request: Request) -> Response:
-        database.reset()
+        await database.reset()
         return Response(status_code=204)
 
     async def failed(request: Request, exc: Exception) -> Response:
@@ -154,7 +186,7 @@ def create_app(
         Route("/payments/{record_id:int}", _detail("payments", database)),
         Route("/reset", reset, methods=["POST"]),
     ]
-    config = IdempotencyConfig(ttl=ttl, lease=lease)
+    config = IdempotencyConfig(ttl=ttl, lease=lease, transactional=transactional)
     # mypy cannot match a constructor with **options against Starlette's ParamSpec factory.
     middleware = [Middleware(IdempotencyMiddleware, store=idempotency_store, config=config)]  # type: ignore[arg-type]
     return Starlette(routes=routes, middleware=middleware, exception_handlers={DemoFailure: failed})

@@ -1,17 +1,27 @@
-"""OrderHub's own data: orders and payments, in a SQLite file (``--db``)."""
+"""OrderHub's own data: orders and payments, in SQLite or PostgreSQL (``--db``).
+
+In transactional mode the handler passes the connection of its idempotent transaction
+(:func:`retrysafe.transaction`) and the order commits together with the stored response.
+"""
 
 from __future__ import annotations
 
 import sqlite3
 import threading
-from typing import Any
+from typing import Any, Protocol
+from urllib.parse import parse_qs
 
 from .._errors import ConfigurationError
 from ..stores.sqlite import parse_sqlite_url
 
-__all__ = ["OrderDB", "open_db"]
+__all__ = ["OrderDB", "PostgresOrderDB", "SQLiteOrderDB", "open_db"]
 
-_SCHEMA = """
+_COLUMNS = {
+    "orders": ("id", "owner", "item", "quantity", "created_at"),
+    "payments": ("id", "owner", "amount", "currency", "created_at"),
+}
+
+_SQLITE_SCHEMA = """
 CREATE TABLE IF NOT EXISTS orderhub_orders (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     owner TEXT NOT NULL,
@@ -28,22 +38,75 @@ CREATE TABLE IF NOT EXISTS orderhub_payments (
 );
 """
 
-_COLUMNS = {
-    "orders": ("id", "owner", "item", "quantity", "created_at"),
-    "payments": ("id", "owner", "amount", "currency", "created_at"),
-}
+_POSTGRES_SCHEMA = """
+CREATE TABLE IF NOT EXISTS orderhub_orders (
+    id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    owner TEXT NOT NULL,
+    item TEXT NOT NULL,
+    quantity BIGINT NOT NULL,
+    created_at TEXT NOT NULL
+        DEFAULT to_char(clock_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"')
+);
+CREATE TABLE IF NOT EXISTS orderhub_payments (
+    id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    owner TEXT NOT NULL,
+    amount BIGINT NOT NULL,
+    currency TEXT NOT NULL,
+    created_at TEXT NOT NULL
+        DEFAULT to_char(clock_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"')
+);
+"""
 
 
-class OrderDB:
-    """Orders and payments in SQLite; statements run inline (each is ~20 us).
+def _insert_sql(table: str, kind: str, names: tuple[str, ...], marks: list[str]) -> str:
+    return (
+        f"INSERT INTO {table} ({', '.join(names)}) VALUES ({', '.join(marks)}) "
+        f"RETURNING {', '.join(_COLUMNS[kind])}"
+    )
+
+
+def _select_sql(table: str, kind: str) -> str:
+    return f"SELECT {', '.join(_COLUMNS[kind])} FROM {table}"
+
+
+class OrderDB(Protocol):
+    """What OrderHub needs of its database."""
+
+    url: str
+
+    async def add(self, kind: str, owner: str, conn: Any = None, **values: Any) -> dict[str, Any]:
+        """Insert an order or payment (on ``conn`` when given) and return it."""
+        ...
+
+    async def list(self, kind: str, limit: int | None = None) -> tuple[int, list[dict[str, Any]]]:
+        """Return (total count, newest first, at most ``limit``)."""
+        ...
+
+    async def get(self, kind: str, record_id: int) -> dict[str, Any] | None:
+        """Return one record or ``None``."""
+        ...
+
+    async def reset(self) -> None:
+        """Delete every order and payment."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release connections."""
+        ...
+
+
+class SQLiteOrderDB:
+    """Orders in a SQLite file; statements run inline (each is ~20 us).
 
     Args:
-        path: the SQLite file, shared by every OrderHub process pointed at it.
+        url: ``sqlite:///path.db``, shared by every OrderHub process pointed at it.
     """
 
-    def __init__(self, path: str) -> None:
-        self.path = path
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.path, _ = parse_sqlite_url(url)
         self._local = threading.local()
+        self._conn()  # create the tables at start-up, not inside a request's transaction
 
     def _conn(self) -> sqlite3.Connection:
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
@@ -52,67 +115,141 @@ class OrderDB:
             conn.execute("PRAGMA busy_timeout = 5000")
             conn.execute("PRAGMA journal_mode = WAL")
             conn.execute("PRAGMA synchronous = NORMAL")
-            conn.executescript(_SCHEMA)
+            conn.executescript(_SQLITE_SCHEMA)
             self._local.conn = conn
         return conn
 
-    def _row(self, kind: str, row: tuple[Any, ...]) -> dict[str, Any]:
+    async def add(self, kind: str, owner: str, conn: Any = None, **values: Any) -> dict[str, Any]:
+        """Insert an order or payment (in ``conn``'s transaction when given) and return it."""
+        names = ("owner", *values)
+        sql = _insert_sql(f"orderhub_{kind}", kind, names, ["?"] * len(names))
+        row = (conn or self._conn()).execute(sql, (owner, *values.values())).fetchone()
         return dict(zip(_COLUMNS[kind], row, strict=True))
 
-    def add(self, kind: str, owner: str, **values: Any) -> dict[str, Any]:
-        """Insert an order or a payment and return it."""
-        table = f"orderhub_{kind}"
-        names = ", ".join(("owner", *values))
-        marks = ", ".join("?" * (len(values) + 1))
-        cols = ", ".join(_COLUMNS[kind])
-        row = (
-            self._conn()
-            .execute(
-                f"INSERT INTO {table} ({names}) VALUES ({marks}) RETURNING {cols}",
-                (owner, *values.values()),
-            )
-            .fetchone()
-        )
-        return self._row(kind, row)
-
-    def list(self, kind: str, limit: int | None = None) -> tuple[int, list[dict[str, Any]]]:
+    async def list(self, kind: str, limit: int | None = None) -> tuple[int, list[dict[str, Any]]]:
         """Return (total count, records newest first, at most ``limit``)."""
         conn = self._conn()
-        table = f"orderhub_{kind}"
-        (count,) = conn.execute(f"SELECT count(*) FROM {table}").fetchone()
-        sql = f"SELECT {', '.join(_COLUMNS[kind])} FROM {table} ORDER BY id DESC"
+        (count,) = conn.execute(f"SELECT count(*) FROM orderhub_{kind}").fetchone()
+        sql = _select_sql(f"orderhub_{kind}", kind) + " ORDER BY id DESC"
         params: tuple[int, ...] = ()
         if limit is not None:
             sql += " LIMIT ?"
             params = (limit,)
-        return count, [self._row(kind, r) for r in conn.execute(sql, params)]
+        rows = conn.execute(sql, params).fetchall()
+        return count, [dict(zip(_COLUMNS[kind], r, strict=True)) for r in rows]
 
-    def get(self, kind: str, record_id: int) -> dict[str, Any] | None:
+    async def get(self, kind: str, record_id: int) -> dict[str, Any] | None:
         """Return one record or ``None``."""
-        row = (
-            self._conn()
-            .execute(
-                f"SELECT {', '.join(_COLUMNS[kind])} FROM orderhub_{kind} WHERE id = ?",
-                (record_id,),
-            )
-            .fetchone()
-        )
-        return None if row is None else self._row(kind, row)
+        sql = _select_sql(f"orderhub_{kind}", kind) + " WHERE id = ?"
+        row = self._conn().execute(sql, (record_id,)).fetchone()
+        return None if row is None else dict(zip(_COLUMNS[kind], row, strict=True))
 
-    def reset(self) -> None:
+    async def reset(self) -> None:
         """Delete every order and payment."""
         conn = self._conn()
         conn.execute("DELETE FROM orderhub_orders")
         conn.execute("DELETE FROM orderhub_payments")
 
+    async def aclose(self) -> None:
+        """Nothing to release (connections close with the process)."""
+
+
+class PostgresOrderDB:
+    """Orders in PostgreSQL through an asyncpg pool (created on first use).
+
+    Args:
+        url: ``postgresql://...``; ``?schema=NAME`` keeps the tables in that schema.
+    """
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        base, _, query = url.partition("?")
+        self._dsn = base
+        self._schema = parse_qs(query).get("schema", [None])[-1]
+        if self._schema is not None and not self._schema.replace("_", "").isalnum():
+            raise ConfigurationError(f"invalid schema name {self._schema!r}")
+        # Qualified names: in transactional mode the insert runs on the store's connection,
+        # whose search_path is not ours.
+        self._prefix = f'"{self._schema}".' if self._schema else ""
+        self._pool: Any = None
+
+    def _table(self, kind: str) -> str:
+        return f"{self._prefix}orderhub_{kind}"
+
+    async def _get_pool(self) -> Any:
+        if self._pool is None:
+            import asyncpg
+
+            settings = {"search_path": self._schema} if self._schema else {}
+            pool = await asyncpg.create_pool(
+                self._dsn, min_size=1, max_size=4, server_settings=settings
+            )
+            async with pool.acquire() as conn:
+                if self._schema:
+                    await conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{self._schema}"')
+                # Concurrent first requests of several instances: serialize the DDL.
+                async with conn.transaction():
+                    await conn.execute("SELECT pg_advisory_xact_lock(7206110)")
+                    await conn.execute(_POSTGRES_SCHEMA)
+            self._pool = pool
+        return self._pool
+
+    async def add(self, kind: str, owner: str, conn: Any = None, **values: Any) -> dict[str, Any]:
+        """Insert an order or payment (in ``conn``'s transaction when given) and return it."""
+        names = ("owner", *values)
+        marks = [f"${i + 1}" for i in range(len(names))]
+        sql = _insert_sql(self._table(kind), kind, names, marks)
+        if conn is None:
+            pool = await self._get_pool()
+            async with pool.acquire() as own:
+                row = await own.fetchrow(sql, owner, *values.values())
+        else:
+            await self._get_pool()  # the tables exist
+            row = await conn.fetchrow(sql, owner, *values.values())
+        return dict(row)
+
+    async def list(self, kind: str, limit: int | None = None) -> tuple[int, list[dict[str, Any]]]:
+        """Return (total count, records newest first, at most ``limit``)."""
+        pool = await self._get_pool()
+        async with pool.acquire() as conn:
+            count = await conn.fetchval(f"SELECT count(*) FROM {self._table(kind)}")
+            sql = _select_sql(self._table(kind), kind) + " ORDER BY id DESC"
+            rows = await (
+                conn.fetch(sql + " LIMIT $1", limit) if limit is not None else conn.fetch(sql)
+            )
+        return int(count), [dict(r) for r in rows]
+
+    async def get(self, kind: str, record_id: int) -> dict[str, Any] | None:
+        """Return one record or ``None``."""
+        pool = await self._get_pool()
+        async with pool.acquire() as conn:
+            sql = _select_sql(self._table(kind), kind) + " WHERE id = $1"
+            row = await conn.fetchrow(sql, record_id)
+        return None if row is None else dict(row)
+
+    async def reset(self) -> None:
+        """Delete every order and payment."""
+        pool = await self._get_pool()
+        async with pool.acquire() as conn:
+            for kind in _COLUMNS:
+                await conn.execute(f"DELETE FROM {self._table(kind)}")
+
+    async def aclose(self) -> None:
+        """Close the pool."""
+        if self._pool is not None:
+            await self._pool.close()
+
 
 def open_db(url: str) -> OrderDB:
-    """Open the demo database a URL names (``sqlite:///path.db``).
+    """Open the demo database a URL names (``sqlite:///path.db`` or ``postgresql://...``).
 
     Raises:
         ConfigurationError: another scheme.
     """
-    if not url.startswith("sqlite:///"):
-        raise ConfigurationError(f"OrderHub keeps its data in SQLite (sqlite:///...), got {url!r}")
-    path, _ = parse_sqlite_url(url)
-    return OrderDB(path)
+    if url.startswith("sqlite:///"):
+        return SQLiteOrderDB(url)
+    if url.startswith(("postgresql://", "postgres://")):
+        return PostgresOrderDB(url)
+    raise ConfigurationError(
+        f"OrderHub keeps its data in SQLite (sqlite:///...) or PostgreSQL, got {url!r}"
+    )
