@@ -322,8 +322,7 @@ async def test_complete_retried_after_a_lost_connection_recognises_its_own_succe
         await store.aclose()
 
 
-async def test_unreachable_port_is_unavailable_quickly(request: pytest.FixtureRequest) -> None:
-    request.getfixturevalue("postgres_url")
+async def test_unreachable_port_is_unavailable_quickly() -> None:
     url = f"postgresql://postgres@127.0.0.1:{free_port()}/test?pool_timeout=1"
     store = AsyncPostgresStore(url)
     sync = PostgresStore(url)
@@ -366,3 +365,26 @@ def test_cli_schema_apply_check_and_purge(
 
 def test_with_options_helper_keeps_existing_query() -> None:
     assert with_options("postgresql://h/db?a=1", b="2") == "postgresql://h/db?a=1&b=2"
+
+
+async def test_committed_record_is_never_taken_over_and_delete_removes_it(
+    request: pytest.FixtureRequest,
+) -> None:
+    url = fresh_table_url(request)
+    store = AsyncPostgresStore(url)
+    sync = PostgresStore(url)
+    try:
+        won = await store.reserve("k", FP, lease=0.3, ttl=60.0)
+        assert won.token and await store.mark_committed("k", won.token, lease=0.3)
+        await asyncio.sleep(0.5)
+        again = await store.reserve("k", FP, lease=5.0, ttl=60.0)
+        assert not again.acquired and again.record is not None
+        assert again.record.committed and again.record.lease_remaining == 0.0
+        got = sync.get("k")
+        assert got is not None and got.committed
+        assert await store.complete("k", won.token, b"late", ttl=60.0)
+        assert sync.delete("k") and not await store.delete("k")
+        assert (await store.reserve("k", FP, lease=5.0, ttl=60.0)).acquired
+    finally:
+        await store.aclose()
+        sync.close()

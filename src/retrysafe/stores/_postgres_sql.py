@@ -34,9 +34,11 @@ __all__ = [
     "Statement",
     "Statements",
     "complete_op",
+    "delete_op",
     "ensure_schema_op",
     "get_op",
     "is_unavailable_sqlstate",
+    "mark_committed_op",
     "purge_op",
     "release_op",
     "renew_op",
@@ -293,7 +295,12 @@ def _record(row: Sequence[Any], offset: int = 0) -> Record:
     fingerprint, state, lease_remaining, response = row[offset : offset + 4]
     if state == 1:
         return Record(fingerprint, "completed", bytes(response))
-    return Record(fingerprint, "in_progress", lease_remaining=max(0.0, float(lease_remaining)))
+    return Record(
+        fingerprint,
+        "in_progress",
+        lease_remaining=max(0.0, float(lease_remaining)),
+        committed=state == 2,
+    )
 
 
 def reserve_op(
@@ -347,6 +354,21 @@ def renew_op(
 ) -> Generator[Query, Rows, bool]:
     """See :meth:`retrysafe.stores.AsyncStore.renew` (extending a lease twice is harmless)."""
     rows = yield from _retry_once(q.query("renew", id=record_id, token=token, lease=float(lease)))
+    return bool(rows)
+
+
+def mark_committed_op(
+    q: Statements, record_id: str, token: str, *, lease: float
+) -> Generator[Query, Rows, bool]:
+    """See :meth:`retrysafe.stores.AsyncStore.mark_committed` (repeating it is harmless)."""
+    query = q.query("mark_committed", id=record_id, token=token, lease=float(lease))
+    rows = yield from _retry_once(query)
+    return bool(rows)
+
+
+def delete_op(q: Statements, record_id: str) -> Generator[Query, Rows, bool]:
+    """See :meth:`retrysafe.stores.AsyncStore.delete`."""
+    rows = yield from _retry_once(q.query("delete", id=record_id))
     return bool(rows)
 
 

@@ -3,7 +3,9 @@
 -- Placeholders are :name; retrysafe.stores._postgres_sql rewrites them to $1, $2... once at load
 -- time, so both drivers run the same text (psycopg through its raw cursor). {table} is the
 -- validated, quoted table name and {index} the name of its expiry index.
--- state: 0 = in progress (token holds the lease), 1 = completed (response stored).
+-- state: 0 = in progress (token holds the lease), 1 = completed (response stored),
+--        2 = in progress with its side effects committed (mark_committed): never taken over;
+--            once its lease lapses without completion its outcome is unknown.
 -- Every time comes from the server's clock (clock_timestamp(), never the app host's), so any
 -- number of app hosts agree on leases and expiry whatever their clocks say.
 -- Write statements read a "cfg" CTE that sets synchronous_commit for their own transaction only
@@ -54,7 +56,7 @@ existing AS (
     FROM {table} AS r
     WHERE r.id = :id::text
       AND r.expires_at > clock_timestamp()
-      AND (r.state = 1 OR r.lease_expires_at > clock_timestamp())
+      AND (r.state <> 0 OR r.lease_expires_at > clock_timestamp())
 ),
 ins AS (
     INSERT INTO {table} AS r (id, fingerprint, state, token, lease_expires_at, expires_at, response)
@@ -103,8 +105,25 @@ WITH cfg AS (
 UPDATE {table} AS r
 SET lease_expires_at = clock_timestamp() + make_interval(secs => :lease::float8)
 FROM cfg
-WHERE r.id = :id::text AND r.token = :token::text AND r.state = 0
+WHERE r.id = :id::text AND r.token = :token::text AND r.state IN (0, 2)
 RETURNING true;
+
+-- name: mark_committed
+WITH cfg AS (
+    SELECT set_config(
+        'synchronous_commit',
+        COALESCE(:synchronous_commit::text, current_setting('synchronous_commit')),
+        true
+    )
+)
+UPDATE {table} AS r
+SET state = 2, lease_expires_at = clock_timestamp() + make_interval(secs => :lease::float8)
+FROM cfg
+WHERE r.id = :id::text AND r.token = :token::text AND r.state IN (0, 2)
+RETURNING true;
+
+-- name: delete
+DELETE FROM {table} WHERE id = :id::text RETURNING true;
 
 -- name: complete
 -- The token stays on the completed row so that a complete retried after a lost connection can
@@ -121,7 +140,7 @@ SET state = 1,
     response = :response::bytea,
     expires_at = clock_timestamp() + make_interval(secs => :ttl::float8)
 FROM cfg
-WHERE r.id = :id::text AND r.token = :token::text AND r.state = 0
+WHERE r.id = :id::text AND r.token = :token::text AND r.state IN (0, 2)
 RETURNING true;
 
 -- name: completed_by
@@ -137,7 +156,7 @@ WITH cfg AS (
 )
 DELETE FROM {table} AS r
 USING cfg
-WHERE r.id = :id::text AND r.token = :token::text AND r.state = 0
+WHERE r.id = :id::text AND r.token = :token::text AND r.state IN (0, 2)
 RETURNING true;
 
 -- name: purge
