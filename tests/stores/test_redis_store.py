@@ -354,3 +354,61 @@ async def test_concurrent_first_calls_share_one_connection(private_redis: Privat
     finally:
         await store.aclose()
         admin.close()
+
+
+# -- committed effects and operator deletes --------------------------------------------------------
+
+
+async def test_committed_record_outlives_its_lease_and_is_never_taken_over(
+    store: AsyncRedisStore, redis_url: str, prefix: str
+) -> None:
+    won = await store.reserve("eff", FP, lease=0.4, ttl=60.0)
+    assert won.token
+    assert await store.mark_committed("eff", won.token, lease=0.4)
+    check = redis.Redis.from_url(redis_url)
+    try:
+        assert check.pttl(prefix + "eff") > 50_000  # the key now lives for the retention
+    finally:
+        check.close()
+    live = await store.get("eff")
+    assert live is not None and live.committed and 0 < live.lease_remaining <= 0.4
+    await asyncio.sleep(0.6)
+    seen = await store.reserve("eff", FP, lease=5.0, ttl=60.0)
+    assert not seen.acquired and seen.record is not None
+    assert seen.record.committed and seen.record.state == "in_progress"
+    assert seen.record.lease_remaining == 0.0  # outcome unknown
+    # The owner, if still alive, can renew, and still complete (fenced by its token).
+    assert await store.renew("eff", won.token, lease=5.0)
+    renewed = await store.get("eff")
+    assert renewed is not None and renewed.lease_remaining > 4.0
+    assert not await store.mark_committed("eff", "stale-token", lease=5.0)
+    assert await store.complete("eff", won.token, b"done", ttl=60.0)
+    done = await store.get("eff")
+    assert done is not None and done.state == "completed" and not done.committed
+    assert not await store.mark_committed("eff", won.token, lease=5.0)
+
+
+async def test_committed_record_can_be_released_by_its_owner(store: AsyncRedisStore) -> None:
+    won = await store.reserve("rel", FP, lease=5.0, ttl=60.0)
+    assert won.token and await store.mark_committed("rel", won.token, lease=5.0)
+    assert await store.release("rel", won.token)
+    assert await store.get("rel") is None
+
+
+async def test_delete_removes_a_record_whatever_its_state(
+    store: AsyncRedisStore, redis_url: str, prefix: str
+) -> None:
+    won = await store.reserve("del", FP, lease=5.0, ttl=60.0)
+    assert won.token and await store.mark_committed("del", won.token, lease=5.0)
+    assert await store.delete("del")
+    assert not await store.delete("del")
+    assert (await store.reserve("del", FP, lease=5.0, ttl=60.0)).acquired
+    sync = RedisStore(with_prefix(redis_url, prefix))
+    try:
+        assert sync.delete("del") and sync.get("del") is None
+        again = sync.reserve("del", FP, lease=5.0, ttl=60.0)
+        assert again.token and sync.mark_committed("del", again.token, lease=5.0)
+        record = sync.get("del")
+        assert record is not None and record.committed
+    finally:
+        sync.close()

@@ -1,13 +1,15 @@
 """Redis store: one service across many app instances (``redis://``, ``rediss://``).
 
-Each record is a hash under ``<prefix><record id>`` (fields ``f`` fingerprint, ``t`` token,
-``s`` state, ``r`` response). Every operation is ONE round trip: a Lua script from
-``retrysafe/stores/lua/`` run with ``EVALSHA`` (the script is sent with ``EVAL`` once when the
-server answers ``NOSCRIPT``, which also caches it again). ``reserve`` creates the record, takes
-over a lapsed lease or returns the record that holds the key, atomically; ``renew``,
-``complete`` and ``release`` compare the token first (fencing). Expiry is Redis's own: the key's
-TTL is the lease while the request runs and the retention once completed, so a crashed owner's
-reservation disappears when its lease lapses and ``purge_expired`` has nothing to do.
+Each record is a hash under ``<prefix><record id>`` (fingerprint, token, state, response, end
+of retention, end of lease once committed; see ``lua/reserve.lua``). Every operation is ONE
+round trip: a Lua script from ``retrysafe/stores/lua/`` run with ``EVALSHA`` (the script is sent
+with ``EVAL`` once when the server answers ``NOSCRIPT``, which also caches it again).
+``reserve`` creates the record, takes over a lapsed lease or returns the record that holds the
+key, atomically; ``renew``, ``mark_committed``, ``complete`` and ``release`` compare the token
+first (fencing). Expiry is Redis's own: the key's TTL is the lease while the request runs, and
+the retention once completed or once its effects are marked committed (such a record is never
+taken over), so a crashed owner's reservation disappears when its lease lapses and
+``purge_expired`` has nothing to do.
 
 Cluster and Valkey: every script touches exactly one key, passed in ``KEYS``, so a cluster
 client routes it; put a hash tag in the prefix (``?prefix={retrysafe}:``) to pin every record to
@@ -78,7 +80,9 @@ _RENEW = _load_script("renew")
 _COMPLETE = _load_script("complete")
 _RELEASE = _load_script("release")
 _GET = _load_script("get")
-SCRIPTS = (_RESERVE, _RENEW, _COMPLETE, _RELEASE, _GET)
+_MARK_COMMITTED = _load_script("mark_committed")
+_DELETE = _load_script("delete")
+SCRIPTS = (_RESERVE, _RENEW, _COMPLETE, _RELEASE, _GET, _MARK_COMMITTED, _DELETE)
 
 
 # -- the operations, once, sans I/O --------------------------------------------------------------
@@ -102,7 +106,13 @@ def _record(reply: Any) -> Record:
     kind, fingerprint, payload = reply
     if kind == 2:
         return Record(fingerprint.decode(), "completed", payload)
-    return Record(fingerprint.decode(), "in_progress", lease_remaining=max(0, payload) / 1000)
+    # kind 0: in progress (payload: the key's PTTL); 3: committed (payload: ms left on lease).
+    return Record(
+        fingerprint.decode(),
+        "in_progress",
+        lease_remaining=max(0, payload) / 1000,
+        committed=kind == 3,
+    )
 
 
 def _parse_reserve(reply: Any, call: _Call[Reservation]) -> Reservation:
@@ -132,11 +142,17 @@ class _Commands:
     ) -> _Call[Reservation]:
         token = new_token()
         # The retention also bounds an in-progress record, as in every other store.
-        args = (self.prefix + record_id, fingerprint, token, _ms(min(lease, ttl)))
+        args = (self.prefix + record_id, fingerprint, token, _ms(min(lease, ttl)), _ms(ttl))
         return _Call(_RESERVE, args, _parse_reserve, token)
 
     def renew(self, record_id: str, token: str, lease: float) -> _Call[bool]:
         return _Call(_RENEW, (self.prefix + record_id, token, _ms(lease)), _parse_flag)
+
+    def mark_committed(self, record_id: str, token: str, lease: float) -> _Call[bool]:
+        return _Call(_MARK_COMMITTED, (self.prefix + record_id, token, _ms(lease)), _parse_flag)
+
+    def delete(self, record_id: str) -> _Call[bool]:
+        return _Call(_DELETE, (self.prefix + record_id,), _parse_flag)
 
     def complete(self, record_id: str, token: str, response: bytes, ttl: float) -> _Call[bool]:
         args = (self.prefix + record_id, token, response, _ms(ttl))
@@ -341,6 +357,14 @@ class AsyncRedisStore:
         """See :meth:`retrysafe.stores.AsyncStore.renew`."""
         return await self._run(self._commands.renew(record_id, token, lease))
 
+    async def mark_committed(self, record_id: str, token: str, *, lease: float) -> bool:
+        """See :meth:`retrysafe.stores.AsyncStore.mark_committed`."""
+        return await self._run(self._commands.mark_committed(record_id, token, lease))
+
+    async def delete(self, record_id: str) -> bool:
+        """See :meth:`retrysafe.stores.AsyncStore.delete`."""
+        return await self._run(self._commands.delete(record_id))
+
     async def complete(self, record_id: str, token: str, response: bytes, *, ttl: float) -> bool:
         """See :meth:`retrysafe.stores.AsyncStore.complete`."""
         return await self._run(self._commands.complete(record_id, token, response, ttl))
@@ -421,6 +445,14 @@ class RedisStore:
     def renew(self, record_id: str, token: str, *, lease: float) -> bool:
         """See :meth:`retrysafe.stores.Store.renew`."""
         return self._run(self._commands.renew(record_id, token, lease))
+
+    def mark_committed(self, record_id: str, token: str, *, lease: float) -> bool:
+        """See :meth:`retrysafe.stores.Store.mark_committed`."""
+        return self._run(self._commands.mark_committed(record_id, token, lease))
+
+    def delete(self, record_id: str) -> bool:
+        """See :meth:`retrysafe.stores.Store.delete`."""
+        return self._run(self._commands.delete(record_id))
 
     def complete(self, record_id: str, token: str, response: bytes, *, ttl: float) -> bool:
         """See :meth:`retrysafe.stores.Store.complete`."""
