@@ -431,10 +431,13 @@ class _Exchange:
         self, status: int, headers: list[tuple[bytes, bytes]], body: bytes, omitted: bool
     ) -> None:
         assert self.token is not None
-        # Once the handler declared its effects committed, whatever it answers is the outcome
-        # of executed work: store it, never release (a retry must not run the effects again).
-        if not self.committed and not self.config.should_store(status):
-            await self._release()
+        if not self.config.should_store(status):
+            if self.committed:
+                # Effects committed, then a failure answer: neither a result to replay nor
+                # safe to run again.
+                await self._declare_unknown()
+            else:
+                await self._release()
             return
         data = self._stored(status, headers, body, omitted)
         try:
@@ -553,12 +556,21 @@ class _Exchange:
             except StoreError as exc:
                 logger.error("rollback of %s failed: %s", self.record_id[:12], exc)
         elif self.committed:
-            # Effects are committed but there is no response to store: leave the record; once
-            # its lease lapses retries get "outcome unknown", never a second execution.
-            logger.error("handler of %s failed after committing its effects", self.record_id[:12])
-            self._emit("outcome_unknown")
+            await self._declare_unknown()
             return
         await self._release()
+
+    async def _declare_unknown(self) -> None:
+        """The effects are committed but there is no response to store: keep the key, and let
+        its lease lapse now, so retries get "outcome unknown" at once, never a second run."""
+        assert self.token is not None
+        logger.error("request %s failed after committing its effects", self.record_id[:12])
+        self._emit("outcome_unknown")
+        try:
+            await self.mw.store.renew(self.record_id, self.token, lease=0.0)
+        except StoreError as exc:
+            # The lease lapses on its own; the record stays committed either way.
+            logger.error("could not end the lease of %s: %s", self.record_id[:12], exc)
 
     # -- what a handler can ask of the middleware ----------------------------------------------
 

@@ -1,4 +1,4 @@
-"""The ``retrysafe`` command: demo, purge, check, inspect, schema.
+"""The ``retrysafe`` command: demo, purge, check, inspect, resolve, schema.
 
 Only here (and in framework adapters) is the environment read: ``RETRYSAFE_STORE_URL`` is the
 default of every ``--store``.
@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from ._errors import IdempotencyError
 from ._keys import record_id
+from ._scope import authorization_scope
 from .stores import store_from_url
 
 __all__ = ["main"]
@@ -25,6 +26,22 @@ def _store_arg(parser: argparse.ArgumentParser, default: str | None = None) -> N
         required=default is None and "RETRYSAFE_STORE_URL" not in os.environ,
         help="store URL (default: $RETRYSAFE_STORE_URL)",
     )
+
+
+def _scope_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--scope", default="", help="the scope the key belongs to (default global)")
+    group.add_argument(
+        "--authorization",
+        help="the Authorization header the key was sent with (its hash is the default scope)",
+    )
+
+
+def _scope_of(args: argparse.Namespace) -> str:
+    if args.authorization:
+        return authorization_scope(args.authorization)
+    scope: str = args.scope
+    return scope
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -65,7 +82,7 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _inspect(args: argparse.Namespace) -> int:
-    rid = record_id(args.scope, args.method.upper(), args.path, args.key)
+    rid = record_id(_scope_of(args), args.method.upper(), args.path, args.key)
     store = store_from_url(args.store)
     try:
         record = store.get(rid)
@@ -74,7 +91,12 @@ def _inspect(args: argparse.Namespace) -> int:
     if record is None:
         print(f"record {rid[:16]}: none (never used, released, or expired)")
         return 1
-    print(f"record {rid[:16]}: {record.state}")
+    state: str = record.state
+    if state == "in_progress" and record.committed:
+        state = "in_progress, effects committed"
+        if record.lease_remaining <= 0:
+            state = "OUTCOME UNKNOWN (effects committed, response never stored)"
+    print(f"record {rid[:16]}: {state}")
     if record.state == "in_progress":
         print(f"  lease remaining: {record.lease_remaining:.1f} s")
     elif record.response is not None:
@@ -82,6 +104,24 @@ def _inspect(args: argparse.Namespace) -> int:
 
         stored = decode_response(record.response)
         print(f"  status: {stored.status}, body: {len(stored.body)} bytes")
+    return 0
+
+
+def _resolve(args: argparse.Namespace) -> int:
+    rid = record_id(_scope_of(args), args.method.upper(), args.path, args.key)
+    store = store_from_url(args.store)
+    try:
+        record = store.get(rid)
+        if record is None:
+            print(f"record {rid[:16]}: none; nothing to resolve")
+            return 1
+        if record.state == "completed" and not args.force:
+            print(f"record {rid[:16]} is completed; use --force to delete a stored response")
+            return 1
+        store.delete(rid)
+    finally:
+        store.close()
+    print(f"record {rid[:16]} deleted: the next request with this key runs the operation")
     return 0
 
 
@@ -125,8 +165,21 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument("--key", required=True)
     inspect.add_argument("--method", default="POST")
     inspect.add_argument("--path", required=True)
-    inspect.add_argument("--scope", default="", help="the scope the key belongs to")
+    _scope_args(inspect)
     inspect.set_defaults(func=_inspect)
+
+    resolve = sub.add_parser(
+        "resolve",
+        help="delete the record of one key (e.g. an outcome-unknown key after checking that its "
+        "effects did not happen), so the next request with it runs",
+    )
+    _store_arg(resolve)
+    resolve.add_argument("--key", required=True)
+    resolve.add_argument("--method", default="POST")
+    resolve.add_argument("--path", required=True)
+    _scope_args(resolve)
+    resolve.add_argument("--force", action="store_true", help="also delete a completed record")
+    resolve.set_defaults(func=_resolve)
 
     schema = sub.add_parser("schema", help="create the store's tables")
     schema.add_argument("action", choices=["apply"])
