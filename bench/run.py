@@ -174,9 +174,10 @@ def cpu_delta(before: dict[int, float], after: dict[int, float]) -> float:
 # -- HTTP probe (raw socket) -----------------------------------------------------------------------
 
 
-def http_post(port: int, key: str | None, timeout: float = 5.0) -> tuple[int, dict[str, str]]:
+def http_post(
+    port: int, key: str | None, timeout: float = 5.0, body: bytes = b'{"item":"book","quantity":2}'
+) -> tuple[int, dict[str, str]]:
     """One ``POST /orders``; return the status and lower-cased headers."""
-    body = b'{"item":"book","quantity":2}'
     head = [
         "POST /orders HTTP/1.1",
         f"Host: 127.0.0.1:{port}",
@@ -290,11 +291,19 @@ def check_semantics(spec: AppSpec, nonce: str) -> None:
     if status != 201:
         spec.checks["replay"] = f"storing the replay key got {status}"
     elif second == 201 and is_replay(headers):
-        spec.checks["replay"] = "ok"
+        spec.checks["replay"] = "ok" if "location" in headers else "replay drops Location"
     elif second == 201:
         spec.checks["replay"] = "a repeat ran the handler again (no replay header)"
     else:
         spec.checks["replay"] = f"a repeat of a completed key got {second}, not a replay"
+    # Same key, different body: the contract says 422 and nothing runs.
+    mismatch, headers = http_post(spec.port, key, body=b'{"item":"pen","quantity":9}')
+    if mismatch == 201 and is_replay(headers):
+        spec.checks["mismatch"] = "a different body with a used key gets the old response"
+    elif mismatch == 201:
+        spec.checks["mismatch"] = "a different body with a used key runs again"
+    elif mismatch != 422:
+        spec.checks["mismatch"] = f"a different body with a used key got {mismatch}"
     status, headers = http_post(spec.port, None)
     spec.checks["nokey"] = "ok" if status == 201 and not is_replay(headers) else f"got {status}"
 
@@ -604,6 +613,9 @@ def markdown(report: dict[str, Any]) -> str:
         "",
         f"- machine: {meta['nproc']} cores, {meta['cpu_model']}; Python {meta['python']}",
         f"- commit: {meta['commit']}",
+        f"- machine load during the runs (1-min load average, median): "
+        f"{fmt(meta.get('loadavg_median'), '.1f')} on {meta['nproc']} cores "
+        "(above ~2.5 other work shared the cores: read CPU us/req rather than req/s)",
         f"- load: {meta['client']}, {meta['connections']} connections, "
         f"{meta['duration']} s per run, {meta['repeat']} rounds; server pinned to core "
         f"{SERVER_CPU}, load generator to core {CLIENT_CPU}; uvicorn 1 worker, uvloop, httptools",
@@ -663,6 +675,11 @@ def markdown(report: dict[str, Any]) -> str:
                 f"| {v['scenario']} | {v['peer']} | {v['throughput_x']:.2f}x "
                 f"| {fmt(v['ratio_x'], '.2f')}x | {fmt(v['cpu_x'], '.2f')}x |"
             )
+        lines.append("")
+    notes = report.get("semantics", {})
+    if notes:
+        lines += ["## what the probes found (same key, repeat / different body)", ""]
+        lines += [f"- {label}: {'; '.join(found)}" for label, found in notes.items()]
         lines.append("")
     if report["skipped"]:
         lines += ["## skipped", ""]
@@ -931,6 +948,7 @@ def main(argv: list[str] | None = None) -> int:
                 for spec in sequence:
                     store_pids = {"redis": redis_pids, "postgres": pg_pids}.get(spec.store_kind, [])
                     assert spec.proc is not None
+                    load_before = os.getloadavg()[0]
                     before = proc_cpu(spec.proc.pid) or 0.0
                     store_before = cpu_snapshot(store_pids)
                     run_nonce = f"{nonce}r{round_no}{scenario}{len(runs)}"
@@ -947,6 +965,7 @@ def main(argv: list[str] | None = None) -> int:
                         rps=result["requests"] / (result["duration_us"] / 1e6),
                         cpu_us_per_req=(after - before) * 1e6 / requests,
                         server_util=(after - before) / (result["duration_us"] / 1e6),
+                        loadavg=max(load_before, os.getloadavg()[0]),
                         store_cpu_us_per_req=(
                             cpu_delta(store_before, store_after) * 1e6 / requests
                             if store_pids
@@ -1017,11 +1036,17 @@ def main(argv: list[str] | None = None) -> int:
             "pinned": pin,
             "versions": versions,
             "peer_versions": peer_meta,
+            "loadavg_median": median([r["loadavg"] for r in runs]),
             "elapsed_s": round((dt.datetime.now(dt.UTC) - started).total_seconds()),
         },
         "rows": rows,
         "versus_peers": versus_peers(rows),
         "skipped": skipped,
+        "semantics": {
+            spec.label: [v for k, v in spec.checks.items() if v != "ok"]
+            for spec in specs
+            if any(v != "ok" for v in spec.checks.values())
+        },
         "micro": micro,
         "runs": runs,
     }
