@@ -74,7 +74,13 @@ from ._postgres_sql import (
     reserve_op,
 )
 
-__all__ = ["AsyncPostgresStore", "PostgresStore", "drive_async", "drive_sync"]
+__all__ = [
+    "AsyncPostgresStore",
+    "AsyncPostgresTransaction",
+    "PostgresStore",
+    "drive_async",
+    "drive_sync",
+]
 
 logger = logging.getLogger("retrysafe.stores.postgres")
 
@@ -312,6 +318,10 @@ class AsyncPostgresStore:
         """See :meth:`retrysafe.stores.AsyncStore.purge_expired`; deletes in batches."""
         return await drive_async(purge_op(self.statements), self._fetch)
 
+    def begin(self) -> AsyncPostgresTransaction:
+        """Return a transaction (begun on first use) for transactional mode."""
+        return AsyncPostgresTransaction(self)
+
     async def aclose(self) -> None:
         """Close the pool (waits up to 10 s for connections in use, then terminates them)."""
         pool, self._pool = self._pool, None
@@ -321,6 +331,102 @@ class AsyncPostgresStore:
             await asyncio.wait_for(pool.close(), 10.0)
         except Exception:
             pool.terminate()
+
+
+class AsyncPostgresTransaction:
+    """A request's PostgreSQL transaction (transactional mode): a pooled connection in a
+    transaction, begun on first use; the fenced completion is written and committed in it.
+
+    A lost connection is not retried here (the transaction died with it): it surfaces as
+    :class:`~retrysafe.StoreUnavailableError`, the handler's writes are gone, and the key's
+    lease lapses so a retry runs afresh.
+
+    Args:
+        store: the store whose database holds both the records and the application's tables.
+    """
+
+    def __init__(self, store: AsyncPostgresStore) -> None:
+        self._store = store
+        self._pool: Any = None
+        self._conn: Any = None
+        self._tx: Any = None
+
+    @property
+    def begun(self) -> bool:
+        """Whether the transaction is open."""
+        return self._conn is not None
+
+    async def connection(self) -> Any:
+        """Begin the transaction if needed and return its ``asyncpg.Connection``."""
+        if self._conn is not None:
+            return self._conn
+        store = self._store
+        pool = store._pool or await store._open()
+        try:
+            async with asyncio.timeout(store.options.pool_timeout):
+                conn = await pool.acquire()
+        except Exception as exc:
+            raise _asyncpg_error(exc, established=False, what="begin") from exc
+        try:
+            tx = conn.transaction()
+            await tx.start()
+        except Exception as exc:
+            await self._give_back(pool, conn)
+            raise _asyncpg_error(exc, established=False, what="begin") from exc
+        self._pool, self._conn, self._tx = pool, conn, tx
+        return conn
+
+    async def complete(self, record_id: str, token: str, response: bytes, *, ttl: float) -> bool:
+        """Write the completion in the transaction and commit; ``False`` (rolled back) when
+        fenced out."""
+        conn = await self.connection()
+
+        async def fetch(query: Query) -> Rows:
+            try:
+                rows: Rows = await conn.fetch(query.statement.sql, *query.args)
+            except Exception as exc:
+                raise _asyncpg_error(exc, established=False, what="complete") from exc
+            return rows
+
+        op = complete_op(self._store.statements, record_id, token, response, ttl=ttl)
+        if not await drive_async(op, fetch):
+            await self.rollback()
+            return False
+        tx, self._tx = self._tx, None
+        try:
+            await tx.commit()
+        except Exception as exc:
+            raise _asyncpg_error(exc, established=False, what="commit") from exc
+        return True
+
+    async def rollback(self) -> None:
+        """Undo the handler's writes."""
+        tx, self._tx = self._tx, None
+        if tx is None:
+            return
+        try:
+            await tx.rollback()
+        except Exception as exc:
+            raise _asyncpg_error(exc, established=False, what="rollback") from exc
+
+    async def close(self) -> None:
+        """Roll back anything not committed and give the connection back to the pool."""
+        conn, self._conn = self._conn, None
+        if conn is None:
+            return
+        if self._tx is not None:
+            try:
+                await self.rollback()
+            except StoreError as exc:
+                logger.debug("rollback on close failed: %s", exc)
+        await self._give_back(self._pool, conn)
+
+    @staticmethod
+    async def _give_back(pool: Any, conn: Any) -> None:
+        try:
+            await pool.release(conn)
+        except Exception as exc:
+            logger.debug("dropping a broken PostgreSQL connection: %s", exc)
 
 
 # -- psycopg ------------------------------------------------------------------------------------
