@@ -181,3 +181,52 @@ async def test_sync_twin_sees_the_same_records(backend: Backend) -> None:
     assert backend.sync_store.complete(key, won.token, b"sync", ttl=TTL)
     record = await backend.store.get(key)
     assert record is not None and record.response == b"sync"
+
+
+async def test_committed_record_is_never_taken_over(backend: Backend) -> None:
+    key = rid(backend, "committed")
+    won = await backend.store.reserve(key, FP, lease=LEASE, ttl=TTL)
+    assert won.token
+    assert not await backend.store.mark_committed(key, "stale-token", lease=LEASE)
+    assert await backend.store.mark_committed(key, won.token, lease=LEASE)
+    during = await backend.store.reserve(key, FP, lease=LEASE, ttl=TTL)
+    assert during.record is not None and during.record.committed
+    assert during.record.lease_remaining > 0
+    await backend.advance(LEASE + 0.3)
+    after = await backend.store.reserve(key, FP, lease=LEASE, ttl=TTL)
+    # An uncommitted record would be taken over now; a committed one is "outcome unknown".
+    assert not after.acquired
+    assert after.record is not None and after.record.state == "in_progress"
+    assert after.record.committed and after.record.lease_remaining == 0
+    # Its owner, merely slow, can still store its answer.
+    assert await backend.store.complete(key, won.token, b"late but known", ttl=TTL)
+    record = await backend.store.get(key)
+    assert record is not None and record.response == b"late but known"
+
+
+async def test_ending_a_committed_lease_makes_the_outcome_unknown_at_once(
+    backend: Backend,
+) -> None:
+    key = rid(backend, "unknown-now")
+    won = await backend.store.reserve(key, FP, lease=30.0, ttl=TTL)
+    assert won.token
+    assert await backend.store.mark_committed(key, won.token, lease=30.0)
+    assert await backend.store.renew(key, won.token, lease=0.0)
+    await backend.advance(0.05)  # Redis keeps leases in whole milliseconds (at least 1)
+    seen = await backend.store.reserve(key, FP, lease=LEASE, ttl=TTL)
+    assert seen.record is not None and seen.record.committed
+    assert seen.record.lease_remaining == 0
+
+
+async def test_delete_frees_a_key_in_any_state(backend: Backend) -> None:
+    key = rid(backend, "delete")
+    won = await backend.store.reserve(key, FP, lease=LEASE, ttl=TTL)
+    assert won.token
+    assert await backend.store.mark_committed(key, won.token, lease=LEASE)
+    assert await backend.store.delete(key)
+    assert await backend.store.get(key) is None
+    assert not await backend.store.delete(key)
+    again = await backend.store.reserve(key, OTHER_FP, lease=LEASE, ttl=TTL)
+    assert again.acquired
+    # The old owner is fenced out of the new record.
+    assert not await backend.store.complete(key, won.token, b"stale", ttl=TTL)
