@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal
 
 from ._errors import ConfigurationError
@@ -97,6 +97,11 @@ class IdempotencyConfig:
             ``lease_lost`` (metrics, alerts); it must not block.
         problem_type_base: prefix of the RFC 9457 ``type`` of error responses.
         documentation_url: when set, errors carry ``Link: <url>; rel="describedby"``.
+        detach_handler: run the handler in a task of its own, so that a server that cancels the
+            request when its client disconnects cannot cancel the handler and its response is
+            still stored (guarantee 4). ``"auto"`` (default) skips it under uvicorn, which never
+            cancels a request (it reports the disconnect instead), saving a task and two event
+            loop turns per request; ``"always"``; ``"never"``.
     """
 
     methods: frozenset[str] = frozenset({"POST", "PATCH"})
@@ -119,6 +124,10 @@ class IdempotencyConfig:
     on_event: EventHook | None = None
     problem_type_base: str = "urn:retrysafe:problem:"
     documentation_url: str | None = None
+    detach_handler: Literal["auto", "always", "never"] = "auto"
+    # Derived once, for the hot path: header names as the bytes ASGI carries.
+    _deny_raw: frozenset[bytes] = field(init=False, repr=False, compare=False, default=frozenset())
+    _allow_raw: frozenset[bytes] | None = field(init=False, repr=False, compare=False, default=None)
 
     def __post_init__(self) -> None:
         # A bare string is iterable, so methods="POST" would silently protect {"P", "O", ...}.
@@ -158,6 +167,17 @@ class IdempotencyConfig:
             raise ConfigurationError("scope_resolver must be callable")
         if self.on_event is not None and not callable(self.on_event):
             raise ConfigurationError("on_event must be callable")
+        if self.detach_handler not in ("auto", "always", "never"):
+            raise ConfigurationError("detach_handler must be 'auto', 'always' or 'never'")
+        object.__setattr__(
+            self, "_deny_raw", frozenset(h.encode("latin-1") for h in self.replay_header_denylist)
+        )
+        if self.replay_header_allowlist is not None:
+            object.__setattr__(
+                self,
+                "_allow_raw",
+                frozenset(h.encode("latin-1") for h in self.replay_header_allowlist),
+            )
 
     def should_store(self, status: int) -> bool:
         """Return whether a response with this status is stored (else the key is released)."""

@@ -397,6 +397,9 @@ class _Exchange:
                 logger.warning("handler returned without finishing its response")
                 await self._abandon()
 
+        if not self._detach():
+            await run_app()
+            return
         # The handler runs in its own task: when the server cancels this request (the client
         # went away), the handler still finishes and its response is stored (guarantee 4).
         task = asyncio.ensure_future(run_app())
@@ -409,6 +412,15 @@ class _Exchange:
             _detached.add(task)
             task.add_done_callback(_forget)
             raise
+
+    def _detach(self) -> bool:
+        mode = self.config.detach_handler
+        if mode == "auto":
+            # uvicorn never cancels a request task when its client goes away (it reports
+            # http.disconnect and turns send into a no-op), so the task is not needed there.
+            server = getattr(self.send, "__self__", None)
+            return not type(server).__module__.startswith("uvicorn.")
+        return mode == "always"
 
     async def _forward(self, message: Message) -> None:
         if self.client_gone:
@@ -605,14 +617,14 @@ class _Exchange:
     def _storable_headers(
         self, headers: list[tuple[bytes, bytes]]
     ) -> tuple[tuple[bytes, bytes], ...]:
-        deny = self.config.replay_header_denylist
-        allow = self.config.replay_header_allowlist
+        deny = self.config._deny_raw
+        allow = self.config._allow_raw
         kept = []
         for name, value in headers:
-            lname = name.decode("latin-1").lower()
+            lname = name.lower()
             if lname in deny or (allow is not None and lname not in allow):
                 continue
-            kept.append((name.lower(), value))
+            kept.append((lname, value))
         return tuple(kept)
 
     async def _release(self) -> None:
