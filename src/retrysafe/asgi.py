@@ -133,6 +133,7 @@ class _Exchange:
         "client_gone",
         "committed",
         "config",
+        "finalizers",
         "lease_lost",
         "mw",
         "receive",
@@ -163,6 +164,7 @@ class _Exchange:
         self.lease_lost = False
         self.committed = False
         self.tx: AsyncTransaction | None = None
+        self.finalizers: list[Callable[[bool], Awaitable[None]]] = []
 
     # -- entry ---------------------------------------------------------------------------------
 
@@ -511,7 +513,9 @@ class _Exchange:
     ) -> None:
         tx = self.tx
         assert tx is not None and self.token is not None
-        if not self.config.should_store(status):
+        storable = self.config.should_store(status)
+        await self._run_finalizers(storable)
+        if not storable:
             try:
                 await tx.rollback()
             except StoreError as exc:
@@ -560,8 +564,17 @@ class _Exchange:
         except StoreError as exc:
             logger.error("closing the transaction of %s failed: %s", self.record_id[:12], exc)
 
+    async def _run_finalizers(self, ok: bool) -> None:
+        finalizers, self.finalizers = self.finalizers, []
+        for finalizer in finalizers:
+            await finalizer(ok)
+
     async def _abandon(self) -> None:
         """The handler failed or never finished its response."""
+        try:
+            await self._run_finalizers(False)
+        except Exception:
+            logger.exception("a finalizer of %s failed", self.record_id[:12])
         if self.tx is not None:
             try:
                 await self.tx.rollback()
@@ -590,6 +603,11 @@ class _Exchange:
     def transaction(self) -> AsyncTransaction | None:
         """The request's transaction in transactional mode, else ``None``."""
         return self.tx
+
+    def add_finalizer(self, finalizer: Callable[[bool], Awaitable[None]]) -> None:
+        """Run ``finalizer(ok)`` before the transaction ends (``ok``: it is about to commit),
+        e.g. to flush and close an ORM session opened on it."""
+        self.finalizers.append(finalizer)
 
     async def mark_committed(self) -> bool:
         """See :func:`retrysafe.mark_committed`."""

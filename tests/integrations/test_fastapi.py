@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -11,8 +12,8 @@ from fastapi import FastAPI, Response
 from pydantic import BaseModel
 
 from retrysafe import ConfigurationError, IdempotencyConfig
-from retrysafe.contrib.fastapi import idempotent, install
-from retrysafe.stores import AsyncStore
+from retrysafe.contrib.fastapi import Transaction, idempotent, install
+from retrysafe.stores import AsyncSQLiteStore, AsyncStore
 
 from .helpers import REPLAYED, Calls, client_for, key, make_store, problem_type
 
@@ -155,3 +156,41 @@ def test_install_rejects_config_together_with_options() -> None:
 def test_install_rejects_bad_settings_at_start_up() -> None:
     with pytest.raises(ConfigurationError):
         install(FastAPI(), store="memory://", lease=-1)
+
+
+class PaymentIn(BaseModel):
+    amount: int
+
+
+async def test_transaction_dependency_commits_the_endpoint_writes_with_the_record(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "app.db"
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE pay (id INTEGER PRIMARY KEY, amount INTEGER)")
+    app = FastAPI()
+    install(app, store=AsyncSQLiteStore(path), transactional=True)
+    fail = {"on": True}
+
+    @app.post("/pay", status_code=201)
+    @idempotent(required=True)
+    async def pay(payment: PaymentIn, conn: Transaction) -> dict[str, int]:
+        row = conn.execute(
+            "INSERT INTO pay (amount) VALUES (?) RETURNING id", (payment.amount,)
+        ).fetchone()
+        if fail["on"]:
+            raise RuntimeError("after the write")
+        return {"id": row[0]}
+
+    def rows() -> list[tuple[int, int]]:
+        with sqlite3.connect(path) as check:
+            return check.execute("SELECT id, amount FROM pay").fetchall()
+
+    async with client_for(app) as client:
+        failed = await client.post("/pay", json={"amount": 5}, headers=key("f1"))
+        assert failed.status_code == 500 and rows() == []
+        fail["on"] = False
+        first = await client.post("/pay", json={"amount": 5}, headers=key("f1"))
+        again = await client.post("/pay", json={"amount": 5}, headers=key("f1"))
+    assert first.status_code == 201 and again.headers[REPLAYED] == "true"
+    assert [amount for _, amount in rows()] == [5]

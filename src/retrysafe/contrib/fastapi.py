@@ -18,21 +18,38 @@ middleware and documents the ``Idempotency-Key`` header on every protected opera
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 from .._config import IdempotencyConfig
 from .._errors import ConfigurationError
 from .._routes import ROUTE_OPTIONS_ATTR, idempotent
+from .._transaction import transaction
 from ..asgi import IdempotencyMiddleware
 from ..stores import AsyncStore, Store
 
 try:
-    from fastapi import FastAPI
+    from fastapi import Depends, FastAPI, Request
     from fastapi.routing import APIRoute
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError("retrysafe.contrib.fastapi needs: pip install 'retrysafe[fastapi]'") from exc
 
-__all__ = ["IdempotencyMiddleware", "idempotent", "install"]
+__all__ = [
+    "IdempotencyMiddleware",
+    "Transaction",
+    "idempotent",
+    "install",
+    "transaction_connection",
+]
+
+
+async def transaction_connection(request: Request) -> Any:
+    """FastAPI dependency: the connection of the request's idempotent transaction
+    (transactional mode); see :func:`retrysafe.transaction`."""
+    return await transaction(request)
+
+
+#: ``conn: Transaction`` in an endpoint's parameters gives it the transaction's connection.
+Transaction = Annotated[Any, Depends(transaction_connection)]
 
 
 def install(

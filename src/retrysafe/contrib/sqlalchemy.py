@@ -1,0 +1,172 @@
+"""SQLAlchemy 2.x sessions on the idempotent transaction (transactional mode).
+
+The handler's ORM writes commit together with the stored response::
+
+    from retrysafe.contrib.sqlalchemy import async_session, session
+
+    @app.post("/orders")
+    async def create(request):                      # PostgreSQL store (asyncpg)
+        db = await async_session(request)
+        db.add(Order(item="tea"))
+        await db.flush()                            # no commit: retrysafe commits with the record
+        ...
+
+    @app.post("/orders")
+    async def create(request):                      # SQLite store
+        db = await session(request)
+        db.add(Order(item="tea"))
+        db.flush()
+
+Pending changes are flushed, and the session closed, when the response is final (the library does
+it: a handler need not commit or close). The session runs on the very connection of the request's
+transaction. SQLAlchemy may not end that transaction: on PostgreSQL its own transaction is a
+savepoint inside ours (asyncpg nests transactions as savepoints), on SQLite the DB-API connection
+it sees ignores ``commit``, ``rollback`` and ``close``. So ``session.commit()`` is harmless but
+commits nothing by itself: the commit happens, with the idempotency record, when the response is
+final.
+
+Engines are created once per dialect and hand out the current request's connection (a context
+variable), with ``NullPool``: SQLAlchemy never keeps a connection it does not own.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import sqlite3
+from typing import Any
+
+from .._transaction import CONTEXT_SCOPE_KEY, transaction
+
+try:
+    from sqlalchemy import create_engine
+    from sqlalchemy.engine import Engine
+    from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engine
+    from sqlalchemy.orm import Session
+    from sqlalchemy.pool import NullPool
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise ImportError(
+        "retrysafe.contrib.sqlalchemy needs: pip install 'retrysafe[sqlalchemy]'"
+    ) from exc
+
+__all__ = ["async_session", "session"]
+
+_current: contextvars.ContextVar[Any] = contextvars.ContextVar("retrysafe_sqlalchemy_connection")
+_engines: dict[str, Any] = {}
+
+
+class _SQLiteConnection:
+    """The request's ``sqlite3.Connection`` as SQLAlchemy sees it: everything passes through
+    except ending the transaction or the connection, which belong to retrysafe."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._conn = conn
+
+    def commit(self) -> None:
+        """Ignored: retrysafe commits with the idempotency record."""
+
+    def rollback(self) -> None:
+        """Ignored: retrysafe rolls back when the request fails."""
+
+    def close(self) -> None:
+        """Ignored: the connection goes back to retrysafe's pool."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._conn, name)
+
+
+class _AsyncpgConnection:
+    """The request's ``asyncpg.Connection`` as SQLAlchemy sees it: ``close``/``terminate`` are
+    ignored (the connection goes back to retrysafe's pool); everything else passes through."""
+
+    def __init__(self, conn: Any) -> None:
+        self._conn = conn
+
+    async def close(self, timeout: float | None = None) -> None:  # noqa: ASYNC109 (asyncpg's signature)
+        """Ignored."""
+
+    def terminate(self) -> None:
+        """Ignored."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._conn, name)
+
+
+def _sqlite_engine() -> Engine:
+    engine: Engine | None = _engines.get("sqlite")
+    if engine is None:
+        engine = create_engine(
+            "sqlite://", creator=lambda: _SQLiteConnection(_current.get()), poolclass=NullPool
+        )
+        _engines["sqlite"] = engine
+    return engine
+
+
+def _asyncpg_engine() -> AsyncEngine:
+    engine: AsyncEngine | None = _engines.get("asyncpg")
+    if engine is None:
+
+        async def creator() -> Any:
+            return _AsyncpgConnection(_current.get())
+
+        engine = create_async_engine(
+            "postgresql+asyncpg://", async_creator=creator, poolclass=NullPool
+        )
+        _engines["asyncpg"] = engine
+    return engine
+
+
+async def session(request: Any, **kwargs: Any) -> Session:
+    """A SQLAlchemy ``Session`` on the request's SQLite transaction.
+
+    Args:
+        request: a Starlette/FastAPI ``Request`` or an ASGI scope.
+        **kwargs: passed to ``Session`` (e.g. ``expire_on_commit=False``).
+
+    Raises:
+        ConfigurationError: the request has no idempotent transaction.
+        TypeError: the store is not SQLite (use :func:`async_session`).
+    """
+    conn = await transaction(request)
+    if not isinstance(conn, sqlite3.Connection):
+        raise TypeError("session() needs a SQLite store; use async_session() for PostgreSQL")
+    _current.set(conn)
+    db = Session(bind=_sqlite_engine(), **kwargs)
+
+    async def finish(ok: bool) -> None:
+        if ok:
+            db.commit()  # flushes; the connection ignores the COMMIT itself
+        db.close()
+
+    _context(request).add_finalizer(finish)
+    return db
+
+
+async def async_session(request: Any, **kwargs: Any) -> AsyncSession:
+    """A SQLAlchemy ``AsyncSession`` on the request's PostgreSQL (asyncpg) transaction.
+
+    Args:
+        request: a Starlette/FastAPI ``Request`` or an ASGI scope.
+        **kwargs: passed to ``AsyncSession``.
+
+    Raises:
+        ConfigurationError: the request has no idempotent transaction.
+        TypeError: the store is SQLite (use :func:`session`).
+    """
+    conn = await transaction(request)
+    if isinstance(conn, sqlite3.Connection):
+        raise TypeError("async_session() needs a PostgreSQL store; use session() for SQLite")
+    _current.set(conn)
+    db = AsyncSession(bind=_asyncpg_engine(), **kwargs)
+
+    async def finish(ok: bool) -> None:
+        if ok:
+            await db.commit()  # flushes and releases its savepoint inside our transaction
+        await db.close()
+
+    _context(request).add_finalizer(finish)
+    return db
+
+
+def _context(request: Any) -> Any:
+    scope = getattr(request, "scope", request)
+    return scope[CONTEXT_SCOPE_KEY]
