@@ -103,6 +103,7 @@ class IdempotencyMiddleware:
                 f"{type(self.store).__name__}"
             )
         self._routes = RouteTable()
+        self._leases = _LeaseKeeper()
         self._route_configs: dict[int, IdempotencyConfig] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -347,7 +348,7 @@ class _Exchange:
         omitted = False
         finished = False
         held: list[Message] = []
-        renewer = _Renewer(self)
+        keeper = self.mw._leases
 
         async def app_send(message: Message) -> None:
             nonlocal status, headers, size, omitted, finished
@@ -366,7 +367,7 @@ class _Exchange:
                         chunks.append(chunk)
                 if not message.get("more_body", False) and not finished:
                     finished = True
-                    renewer.stop()
+                    keeper.discard(self)
                     if self.tx is not None:
                         held.append(message)
                         await self._finish_transaction(
@@ -383,18 +384,18 @@ class _Exchange:
             await self._forward(message)
 
         async def run_app() -> None:
-            renewer.start()
+            keeper.add(self)
             try:
                 await self.mw.app(self.scope, self._app_receive(hide_disconnect=True), app_send)
             except BaseException:
-                renewer.stop()
+                keeper.discard(self)
                 if not finished:
                     await self._abandon()
                 raise
             finally:
                 if self.tx is not None:
                     await self._close_transaction()
-            renewer.stop()
+            keeper.discard(self)
             if not finished:
                 logger.warning("handler returned without finishing its response")
                 await self._abandon()
@@ -420,7 +421,9 @@ class _Exchange:
         if mode == "auto":
             # uvicorn never cancels a request task when its client goes away (it reports
             # http.disconnect and turns send into a no-op), so the task is not needed there.
-            server = getattr(self.send, "__self__", None)
+            # receive, not send: frameworks wrap send (Starlette's error middleware does) but
+            # pass the server's receive through.
+            server = getattr(self.receive, "__self__", None)
             return not type(server).__module__.startswith("uvicorn.")
         return mode == "always"
 
@@ -696,45 +699,54 @@ class _Exchange:
         await self.send({"type": "http.response.body", "body": body, "more_body": False})
 
 
-class _Renewer:
-    """Renews the lease every ``lease / 3`` while the handler runs.
+class _LeaseKeeper:
+    """Renews the leases of the running handlers of one middleware, every ``lease / 3``.
 
-    A timer, not a task: a fast handler (the common case) finishes before the first tick and
-    costs one ``call_later`` and one ``cancel``.
+    One sweeping task per event loop, not a timer per request: a timer per request costs a
+    ``call_later`` and leaves a cancelled entry in the loop's heap for every fast request (the
+    common case). The sweeper sleeps until the next lease is due and ends when nothing runs.
     """
 
-    __slots__ = ("exchange", "handle", "running", "task")
+    __slots__ = ("active", "loop", "task")
 
-    def __init__(self, exchange: _Exchange) -> None:
-        self.exchange = exchange
-        self.handle: asyncio.TimerHandle | None = None
+    def __init__(self) -> None:
+        self.active: dict[_Exchange, float] = {}
+        self.loop: asyncio.AbstractEventLoop | None = None
         self.task: asyncio.Task[None] | None = None
-        self.running = False
 
-    def start(self) -> None:
-        self.running = True
+    def add(self, exchange: _Exchange) -> None:
         loop = asyncio.get_running_loop()
-        self.handle = loop.call_later(self.exchange.config.lease / 3, self._tick)
+        self.active[exchange] = loop.time() + exchange.config.lease / 3
+        if self.task is None or self.task.done() or self.loop is not loop:
+            self.loop = loop
+            self.task = loop.create_task(self._sweep(loop))
 
-    def stop(self) -> None:
-        self.running = False
-        if self.handle is not None:
-            self.handle.cancel()
-            self.handle = None
+    def discard(self, exchange: _Exchange) -> None:
+        self.active.pop(exchange, None)
 
-    def _tick(self) -> None:
-        self.task = asyncio.get_running_loop().create_task(self._renew())
-        self.start()
+    async def _sweep(self, loop: asyncio.AbstractEventLoop) -> None:
+        renewals: set[asyncio.Task[None]] = set()
+        while self.active:
+            now = loop.time()
+            for exchange, due in list(self.active.items()):
+                if due <= now:
+                    self.active[exchange] = now + exchange.config.lease / 3
+                    task = loop.create_task(self._renew(exchange))
+                    renewals.add(task)
+                    task.add_done_callback(renewals.discard)
+            if not self.active:
+                break
+            wait = min(self.active.values()) - loop.time()
+            await asyncio.sleep(min(1.0, max(0.005, wait)))
 
-    async def _renew(self) -> None:
-        ex = self.exchange
+    async def _renew(self, ex: _Exchange) -> None:
         assert ex.token is not None
         try:
             ok = await ex.mw.store.renew(ex.record_id, ex.token, lease=ex.config.lease)
         except StoreError as exc:
             logger.warning("could not renew the lease of %s: %s", ex.record_id[:12], exc)
             return
-        if not ok and self.running:
+        if not ok and ex in self.active:
             ex.lease_lost = True
-            self.stop()
+            self.discard(ex)
             logger.error("lease of %s was taken over while its handler ran", ex.record_id[:12])

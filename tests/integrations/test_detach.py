@@ -29,6 +29,11 @@ async def _receive() -> dict[str, Any]:
 
 
 class _Sink:
+    """A server's request cycle: its bound receive tells uvicorn apart."""
+
+    async def receive(self) -> dict[str, Any]:
+        return {"type": "http.request", "body": BODY, "more_body": False}
+
     async def send(self, message: dict[str, Any]) -> None:
         pass
 
@@ -46,7 +51,11 @@ async def _handler_task(mode: str, sink: _Sink) -> bool:
         await send({"type": "http.response.body", "body": b"ok"})
 
     middleware = IdempotencyMiddleware(app, store=AsyncMemoryStore(), detach_handler=mode)
-    await middleware(_scope(), _receive, sink.send)
+
+    async def wrapped_send(message: dict[str, Any]) -> None:  # as Starlette wraps send
+        await sink.send(message)
+
+    await middleware(_scope(), sink.receive, wrapped_send)
     return bool(seen["task"] is not asyncio.current_task())
 
 
