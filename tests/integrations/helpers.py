@@ -44,16 +44,6 @@ def make_store(kind: str, tmp_path: Any, **kwargs: Any) -> AsyncStore:
     return AsyncSQLiteStore(f"{tmp_path}/idempotency.db", **kwargs)
 
 
-class FakeClock:
-    """A clock the test moves by hand."""
-
-    def __init__(self) -> None:
-        self.now = 1_800_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 @dataclass
 class Calls:
     """How often each handler ran."""

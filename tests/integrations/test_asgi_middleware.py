@@ -28,10 +28,10 @@ from retrysafe import StoreUnavailableError, idempotent
 from retrysafe.asgi import IdempotencyMiddleware
 from retrysafe.stores import AsyncMemoryStore, AsyncStore
 
+from ..clock import FakeClock
 from .helpers import (
     REPLAYED,
     Calls,
-    FakeClock,
     body_then,
     client_for,
     drive,

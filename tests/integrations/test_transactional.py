@@ -17,7 +17,8 @@ import retrysafe
 from retrysafe.asgi import IdempotencyMiddleware
 from retrysafe.stores import AsyncMemoryStore, AsyncSQLiteStore
 
-from .helpers import REPLAYED, FakeClock, client_for, key, problem_type
+from ..clock import FakeClock
+from .helpers import REPLAYED, client_for, key, problem_type
 
 
 def _rows(path: Path) -> list[tuple[Any, ...]]:

@@ -20,15 +20,7 @@ from retrysafe.stores import (
     Store,
 )
 
-
-class FakeClock:
-    """A clock the test moves by hand (for stores that take a clock)."""
-
-    def __init__(self) -> None:
-        self.now = 1_800_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
+from ..clock import FakeClock
 
 
 @dataclass
