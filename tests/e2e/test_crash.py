@@ -31,7 +31,7 @@ def _long_plan() -> CrashPlan:
         operations=operations,
         concurrency=16,
         kills=int(os.environ.get("CHAOS_KILLS", "20")),
-        kill_interval=(3.0, 8.0),
+        kill_interval=(0.5, 1.5),
         delay_after_share=0.25,
         operation_deadline=300.0,
         seed=int(os.environ.get("CHAOS_SEED", "2026")),
