@@ -114,7 +114,16 @@ class IdempotencyMiddleware:
         if options is not None and not options.enabled:
             await self.app(scope, receive, send)
             return
-        await _Exchange(self, self._config_for(options), scope, receive, send).run()
+        config = self._config_for(options)
+        if not config.required:
+            # Pass-through without a key is the common case: answer it before any set-up.
+            for name, _ in scope["headers"]:
+                if name == b"idempotency-key":
+                    break
+            else:
+                await self.app(scope, receive, send)
+                return
+        await _Exchange(self, config, scope, receive, send).run()
 
     def _config_for(self, options: RouteOptions | None) -> IdempotencyConfig:
         if options is None:
