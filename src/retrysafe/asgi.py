@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import weakref
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
@@ -103,7 +104,10 @@ class IdempotencyMiddleware:
                 f"{type(self.store).__name__}"
             )
         self._routes = RouteTable()
-        self._leases = _LeaseKeeper()
+        # One lease keeper per event loop (a middleware may serve several loops, e.g. in tests).
+        self._keepers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LeaseKeeper] = (
+            weakref.WeakKeyDictionary()
+        )
         self._route_configs: dict[int, IdempotencyConfig] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -124,6 +128,13 @@ class IdempotencyMiddleware:
                 await self.app(scope, receive, send)
                 return
         await _Exchange(self, config, scope, receive, send).run()
+
+    def _leases(self) -> _LeaseKeeper:
+        loop = asyncio.get_running_loop()
+        keeper = self._keepers.get(loop)
+        if keeper is None:
+            keeper = self._keepers[loop] = _LeaseKeeper()
+        return keeper
 
     def _config_for(self, options: RouteOptions | None) -> IdempotencyConfig:
         if options is None:
@@ -357,7 +368,7 @@ class _Exchange:
         omitted = False
         finished = False
         held: list[Message] = []
-        keeper = self.mw._leases
+        keeper = self.mw._leases()
 
         async def app_send(message: Message) -> None:
             nonlocal status, headers, size, omitted, finished
@@ -396,16 +407,33 @@ class _Exchange:
             keeper.add(self)
             try:
                 await self.mw.app(self.scope, self._app_receive(hide_disconnect=True), app_send)
-            except BaseException:
+            except StoreError as exc:
+                # The handler's transaction could not begin (lock, pool or connection): a store
+                # failure like any other, answered 503, never a 500 with a traceback.
+                if finished or status:
+                    raise
                 keeper.discard(self)
+                await self._abandon()
+                logger.error("store failed inside the handler of %s: %s", self.record_id[:12], exc)
+                self._emit("store_error")
+                await self._problem(
+                    "idempotency-store-unavailable",
+                    "The idempotency store cannot be reached; retry later.",
+                    retry_after=self.config.store_retry_after,
+                )
+                return
+            except BaseException:
                 if not finished:
+                    keeper.discard(self)
                     await self._abandon()
                 raise
             finally:
                 if self.tx is not None:
                     await self._close_transaction()
-            keeper.discard(self)
+            # A finished response left the keeper at its last chunk (or stays in it while a
+            # failed completion is retried in the background).
             if not finished:
+                keeper.discard(self)
                 logger.warning("handler returned without finishing its response")
                 await self._abandon()
 
@@ -477,6 +505,7 @@ class _Exchange:
                 exc,
             )
             self._emit("completion_deferred")
+            self.mw._leases().add(self)  # keep the lease alive while the completion is retried
             _keep(asyncio.ensure_future(self._complete_later(data)))
             return
         if not done:
@@ -485,6 +514,12 @@ class _Exchange:
     async def _complete_later(self, data: bytes) -> None:
         """Keep trying to store a response after a store failure: while the response is not
         stored the key stays reserved (or, once committed, "outcome unknown"), never free."""
+        try:
+            await self._retry_completion(data)
+        finally:
+            self.mw._leases().discard(self)
+
+    async def _retry_completion(self, data: bytes) -> None:
         assert self.token is not None
         loop = asyncio.get_running_loop()
         deadline = loop.time() + _COMPLETION_RETRY_SECONDS
@@ -526,13 +561,18 @@ class _Exchange:
         tx = self.tx
         assert tx is not None and self.token is not None
         storable = self.config.should_store(status)
-        await self._run_finalizers(storable)
+        try:
+            await self._run_finalizers(storable)
+        except BaseException:
+            # E.g. an ORM flush failing on a constraint: nothing commits, the key is freed.
+            await self._abandon()
+            raise
         if not storable:
-            try:
-                await tx.rollback()
-            except StoreError as exc:
-                logger.error("rollback of %s failed: %s", self.record_id[:12], exc)
-            await self._release()
+            await self._rollback_and_close()
+            if self.committed:  # an external effect was marked without the transaction
+                await self._declare_unknown()
+            else:
+                await self._release()
         elif not tx.begun:
             await self._finish(status, headers, body, omitted)
         else:
@@ -545,6 +585,7 @@ class _Exchange:
                 logger.error("transaction of %s failed: %s", self.record_id[:12], exc)
                 self._emit("store_error")
                 await self._close_transaction()
+                await self._release()  # a no-op if the commit did land (the record is complete)
                 await self._problem(
                     "idempotency-store-unavailable",
                     "The transaction could not be committed; retry with the same key.",
@@ -567,6 +608,14 @@ class _Exchange:
             await self._forward(message)
         held.clear()
 
+    async def _rollback_and_close(self) -> None:
+        if self.tx is not None:
+            try:
+                await self.tx.rollback()
+            except StoreError as exc:
+                logger.error("rollback of %s failed: %s", self.record_id[:12], exc)
+        await self._close_transaction()
+
     async def _close_transaction(self) -> None:
         tx, self.tx = self.tx, None
         if tx is None:
@@ -588,10 +637,9 @@ class _Exchange:
         except Exception:
             logger.exception("a finalizer of %s failed", self.record_id[:12])
         if self.tx is not None:
-            try:
-                await self.tx.rollback()
-            except StoreError as exc:
-                logger.error("rollback of %s failed: %s", self.record_id[:12], exc)
+            # Give the connection back before releasing: with a pool as small as the number of
+            # requests in flight, the release would otherwise wait for a connection.
+            await self._rollback_and_close()
         elif self.committed:
             await self._declare_unknown()
             return
@@ -604,7 +652,8 @@ class _Exchange:
         logger.error("request %s failed after committing its effects", self.record_id[:12])
         self._emit("outcome_unknown")
         try:
-            await self.mw.store.renew(self.record_id, self.token, lease=0.0)
+            # mark_committed, not renew: it also lands if the handler's own mark never did.
+            await self.mw.store.mark_committed(self.record_id, self.token, lease=0.0)
         except StoreError as exc:
             # The lease lapses on its own; the record stays committed either way.
             logger.error("could not end the lease of %s: %s", self.record_id[:12], exc)
@@ -623,18 +672,19 @@ class _Exchange:
 
     async def mark_committed(self) -> bool:
         """See :func:`retrysafe.mark_committed`."""
-        if self.tx is not None:
+        if self.tx is not None and self.tx.begun:
             return True  # the effects commit with the record: nothing can fall in between
         assert self.token is not None
+        # Whatever the store answers, the effect has happened: from now on this request never
+        # releases its key (a failure ends in "outcome unknown", never in a rerun).
+        self.committed = True
         try:
-            ok = await self.mw.store.mark_committed(
+            return await self.mw.store.mark_committed(
                 self.record_id, self.token, lease=self.config.lease
             )
         except StoreError as exc:
             logger.error("could not mark %s committed: %s", self.record_id[:12], exc)
-            ok = False
-        self.committed = self.committed or ok
-        return ok
+            return False
 
     def _emit(self, event: str) -> None:
         hook = self.config.on_event
@@ -704,8 +754,8 @@ class _Exchange:
             documentation_url=self.config.documentation_url,
             retry_after=retry_after,
         )
-        await self.send({"type": "http.response.start", "status": status, "headers": headers})
-        await self.send({"type": "http.response.body", "body": body, "more_body": False})
+        await self._forward({"type": "http.response.start", "status": status, "headers": headers})
+        await self._forward({"type": "http.response.body", "body": body, "more_body": False})
 
 
 class _LeaseKeeper:

@@ -168,6 +168,9 @@ def test_killed_process_frees_the_key_after_the_lease_without_a_second_order(
             id="invalid-json",
         ),
         pytest.param(
+            {"Idempotency-Key": "deep-1"}, b"[" * 200_000, 400, None, id="deeply-nested-json"
+        ),
+        pytest.param(
             {"Idempotency-Key": "wrongtype-1"},
             b'{"item": 3, "quantity": "three"}',
             422,

@@ -73,7 +73,7 @@ async def _create(
 ) -> Response:
     try:
         data = json.loads(await request.body())
-    except ValueError:
+    except (ValueError, RecursionError):
         return _problem(400, "Body is not JSON", "Send a JSON object.")
     if not isinstance(data, dict):
         return _problem(422, "Invalid " + kind[:-1], "The body must be a JSON object.")

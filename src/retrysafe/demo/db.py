@@ -6,6 +6,7 @@ In transactional mode the handler passes the connection of its idempotent transa
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 import threading
 from typing import Any, Protocol
@@ -15,6 +16,8 @@ from .._errors import ConfigurationError
 from ..stores.sqlite import parse_sqlite_url
 
 __all__ = ["OrderDB", "PostgresOrderDB", "SQLiteOrderDB", "open_db"]
+
+_BUSY_SECONDS = 5.0
 
 _COLUMNS = {
     "orders": ("id", "owner", "item", "quantity", "created_at"),
@@ -112,18 +115,35 @@ class SQLiteOrderDB:
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
         if conn is None:
             conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-            conn.execute("PRAGMA busy_timeout = 5000")
+            # No blocking wait for the write lock: in transactional mode the request that holds
+            # it runs on this very event loop. Busy writes are retried after an awaited pause.
+            conn.execute("PRAGMA busy_timeout = 0")
             conn.execute("PRAGMA journal_mode = WAL")
             conn.execute("PRAGMA synchronous = NORMAL")
+            conn.execute("PRAGMA busy_timeout = 5000")  # set-up only, at start-up
             conn.executescript(_SQLITE_SCHEMA)
+            conn.execute("PRAGMA busy_timeout = 0")
             self._local.conn = conn
         return conn
+
+    async def _write(self, sql: str, params: tuple[Any, ...] = ()) -> Any:
+        delay, waited = 0.001, 0.0
+        while True:
+            try:
+                return self._conn().execute(sql, params).fetchone()
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or waited > _BUSY_SECONDS:
+                    raise
+            await asyncio.sleep(delay)
+            waited += delay
+            delay = min(delay * 2, 0.02)
 
     async def add(self, kind: str, owner: str, conn: Any = None, **values: Any) -> dict[str, Any]:
         """Insert an order or payment (in ``conn``'s transaction when given) and return it."""
         names = ("owner", *values)
         sql = _insert_sql(f"orderhub_{kind}", kind, names, ["?"] * len(names))
-        row = (conn or self._conn()).execute(sql, (owner, *values.values())).fetchone()
+        params = (owner, *values.values())
+        row = conn.execute(sql, params).fetchone() if conn else await self._write(sql, params)
         return dict(zip(_COLUMNS[kind], row, strict=True))
 
     async def list(self, kind: str, limit: int | None = None) -> tuple[int, list[dict[str, Any]]]:
@@ -146,9 +166,8 @@ class SQLiteOrderDB:
 
     async def reset(self) -> None:
         """Delete every order and payment."""
-        conn = self._conn()
-        conn.execute("DELETE FROM orderhub_orders")
-        conn.execute("DELETE FROM orderhub_payments")
+        await self._write("DELETE FROM orderhub_orders")
+        await self._write("DELETE FROM orderhub_payments")
 
     async def aclose(self) -> None:
         """Nothing to release (connections close with the process)."""

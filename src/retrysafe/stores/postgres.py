@@ -350,6 +350,7 @@ class AsyncPostgresTransaction:
         self._pool: Any = None
         self._conn: Any = None
         self._tx: Any = None
+        self._lock = asyncio.Lock()  # two concurrent first calls must share one transaction
 
     @property
     def begun(self) -> bool:
@@ -360,6 +361,12 @@ class AsyncPostgresTransaction:
         """Begin the transaction if needed and return its ``asyncpg.Connection``."""
         if self._conn is not None:
             return self._conn
+        async with self._lock:
+            if self._conn is None:
+                await self._begin()
+            return self._conn
+
+    async def _begin(self) -> None:
         store = self._store
         pool = store._pool or await store._open()
         try:
@@ -374,7 +381,6 @@ class AsyncPostgresTransaction:
             await self._give_back(pool, conn)
             raise _asyncpg_error(exc, established=False, what="begin") from exc
         self._pool, self._conn, self._tx = pool, conn, tx
-        return conn
 
     async def complete(self, record_id: str, token: str, response: bytes, *, ttl: float) -> bool:
         """Write the completion in the transaction and commit; ``False`` (rolled back) when

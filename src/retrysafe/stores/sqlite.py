@@ -229,6 +229,12 @@ class SQLiteStore:
             if deleted < _PURGE_BATCH:
                 return total
 
+    def forget_connection(self, conn: sqlite3.Connection) -> None:
+        """Close a connection from :meth:`open_connection` and stop tracking it."""
+        conn.close()
+        if conn in self._connections:
+            self._connections.remove(conn)
+
     def close(self) -> None:
         """Close every connection this store opened."""
         for conn in self._connections:
@@ -295,7 +301,7 @@ class AsyncSQLiteStore(InlineAsyncStore):
         if len(self._idle) < _IDLE_TRANSACTION_CONNECTIONS:
             self._idle.append(conn)
         else:
-            conn.close()
+            self.sync.forget_connection(conn)
 
     async def aclose(self) -> None:
         """Close every connection."""
@@ -314,6 +320,7 @@ class AsyncSQLiteTransaction:
     def __init__(self, store: AsyncSQLiteStore) -> None:
         self._store = store
         self._conn: sqlite3.Connection | None = None
+        self._lock = asyncio.Lock()  # two concurrent first calls must share one transaction
 
     @property
     def begun(self) -> bool:
@@ -323,15 +330,16 @@ class AsyncSQLiteTransaction:
     async def connection(self) -> sqlite3.Connection:
         """Begin (waiting for the write lock without blocking the loop) and return the
         connection."""
-        if self._conn is None:
-            conn = self._store._checkout()
-            try:
-                await self._store._call(self._execute, conn, "BEGIN IMMEDIATE")
-            except BaseException:
-                self._store._checkin(conn)
-                raise
-            self._conn = conn
-        return self._conn
+        async with self._lock:
+            if self._conn is None:
+                conn = self._store._checkout()
+                try:
+                    await self._store._call(self._execute, conn, "BEGIN IMMEDIATE")
+                except BaseException:
+                    self._store._checkin(conn)
+                    raise
+                self._conn = conn
+            return self._conn
 
     @staticmethod
     def _execute(conn: sqlite3.Connection, sql: str) -> None:
