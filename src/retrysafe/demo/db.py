@@ -191,11 +191,20 @@ class PostgresOrderDB:
         # whose search_path is not ours.
         self._prefix = f'"{self._schema}".' if self._schema else ""
         self._pool: Any = None
+        self._lock: asyncio.Lock | None = None
 
     def _table(self, kind: str) -> str:
         return f"{self._prefix}orderhub_{kind}"
 
     async def _get_pool(self) -> Any:
+        if self._pool is not None:
+            return self._pool
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        async with self._lock:  # concurrent first requests must not open two pools
+            return await self._open_pool()
+
+    async def _open_pool(self) -> Any:
         if self._pool is None:
             import asyncpg
 
