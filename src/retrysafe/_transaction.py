@@ -30,6 +30,11 @@ class AsyncTransaction(Protocol):
         """Whether the handler asked for the connection (so a transaction is open)."""
         ...
 
+    @property
+    def broken(self) -> bool:
+        """Whether the transaction's connection has died (its work is lost)."""
+        ...
+
     async def connection(self) -> Any:
         """Begin the transaction if needed and return the driver connection it runs on."""
         ...

@@ -422,6 +422,26 @@ class _Exchange:
                     retry_after=self.config.store_retry_after,
                 )
                 return
+            except Exception as exc:
+                if not finished and not status and self.tx is not None and self.tx.broken:
+                    # The handler failed because its transaction's connection died (e.g. a
+                    # terminated backend): a store failure, answered 503 like the others.
+                    keeper.discard(self)
+                    await self._abandon()
+                    logger.error(
+                        "transaction of %s lost its connection: %r", self.record_id[:12], exc
+                    )
+                    self._emit("store_error")
+                    await self._problem(
+                        "idempotency-store-unavailable",
+                        "The database connection was lost; retry with the same key.",
+                        retry_after=self.config.store_retry_after,
+                    )
+                    return
+                if not finished:
+                    keeper.discard(self)
+                    await self._abandon()
+                raise
             except BaseException:
                 if not finished:
                     keeper.discard(self)
@@ -568,11 +588,23 @@ class _Exchange:
             await self._abandon()
             raise
         if not storable:
+            broken = tx.broken
             await self._rollback_and_close()
             if self.committed:  # an external effect was marked without the transaction
                 await self._declare_unknown()
             else:
                 await self._release()
+            if broken:
+                # The failure answer came from the transaction's connection dying under the
+                # handler: say so (503, retry) rather than pass on the framework's 500.
+                held.clear()
+                self._emit("store_error")
+                await self._problem(
+                    "idempotency-store-unavailable",
+                    "The database connection was lost; retry with the same key.",
+                    retry_after=self.config.store_retry_after,
+                )
+                return
         elif not tx.begun:
             await self._finish(status, headers, body, omitted)
         else:

@@ -83,6 +83,8 @@ class DurableRedis:
 
 def _report(report: CrashReport, mode: str) -> None:
     line = f"[crash:{mode}] {report.summary()}"
+    if report.unexpected:
+        line += "\n  unexpected: " + " | ".join(report.unexpected[:5])
     print(line)
     with open(Path(os.environ.get("CRASH_REPORT", "test-artifacts/crash-report.txt")), "a") as f:
         f.write(line + "\n")

@@ -227,3 +227,29 @@ async def test_concurrent_transaction_calls_share_one_connection(
         replies = [await client.post("/op", headers=key(f"s{i}")) for i in range(4)]
     assert [r.status_code for r in replies] == [201] * 4  # no leaked pool connections
     assert seen == [True] * 4
+
+
+async def test_lost_transaction_connection_is_a_503_and_the_retry_runs(
+    small_pool: AsyncPostgresStore, request: pytest.FixtureRequest
+) -> None:
+    from ..stores.backend_postgres import admin_connect
+
+    url: str = request.getfixturevalue("postgres_url")
+    runs = {"n": 0}
+
+    async def create(request: Request) -> Response:
+        runs["n"] += 1
+        conn = await retrysafe.transaction(request)
+        if runs["n"] == 1:
+            with admin_connect(url) as admin:  # the backend dies under the running request
+                admin.execute("SELECT pg_terminate_backend(%s)", (conn.get_server_pid(),))
+        await conn.execute("SELECT 1")
+        return Response(status_code=201)
+
+    app = _app(create, small_pool, transactional=True)
+    async with client_for(app) as client:
+        lost = await client.post("/op", headers=key("lost-1"))
+        retry = await client.post("/op", headers=key("lost-1"))
+    assert lost.status_code == 503
+    assert problem_type(lost) == "idempotency-store-unavailable"
+    assert retry.status_code == 201 and runs["n"] == 2

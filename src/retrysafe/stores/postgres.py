@@ -357,6 +357,14 @@ class AsyncPostgresTransaction:
         """Whether the transaction is open."""
         return self._conn is not None
 
+    @property
+    def broken(self) -> bool:
+        """Whether the connection died (a terminated backend, a lost socket)."""
+        try:
+            return self._conn is not None and bool(self._conn.is_closed())
+        except Exception:
+            return True
+
     async def connection(self) -> Any:
         """Begin the transaction if needed and return its ``asyncpg.Connection``."""
         if self._conn is not None:

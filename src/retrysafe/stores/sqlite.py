@@ -327,6 +327,11 @@ class AsyncSQLiteTransaction:
         """Whether the transaction is open."""
         return self._conn is not None
 
+    @property
+    def broken(self) -> bool:
+        """Always ``False``: a local file connection does not die under a running request."""
+        return False
+
     async def connection(self) -> sqlite3.Connection:
         """Begin (waiting for the write lock without blocking the loop) and return the
         connection."""
