@@ -299,18 +299,14 @@ class _Exchange:
                 self.record_id, fp, lease=self.config.lease, ttl=self.config.ttl
             )
         except StoreError as exc:
-            self._emit("store_error")
             if self.config.on_store_error == "fail_open":
                 logger.warning("idempotency store failed, running unprotected: %s", exc)
+                self._emit("store_error")
                 self._emit("fail_open")
                 await self.mw.app(self.scope, self._app_receive(), self.send)
                 return None
             logger.error("idempotency store failed, answering 503: %s", exc)
-            await self._problem(
-                "idempotency-store-unavailable",
-                "The idempotency store cannot be reached; retry later.",
-                retry_after=self.config.store_retry_after,
-            )
+            await self._unavailable("The idempotency store cannot be reached; retry later.")
             return None
 
     # -- request body --------------------------------------------------------------------------
@@ -415,12 +411,7 @@ class _Exchange:
                 keeper.discard(self)
                 await self._abandon()
                 logger.error("store failed inside the handler of %s: %s", self.record_id[:12], exc)
-                self._emit("store_error")
-                await self._problem(
-                    "idempotency-store-unavailable",
-                    "The idempotency store cannot be reached; retry later.",
-                    retry_after=self.config.store_retry_after,
-                )
+                await self._unavailable("The idempotency store cannot be reached; retry later.")
                 return
             except Exception as exc:
                 if not finished and not status and self.tx is not None and self.tx.broken:
@@ -431,11 +422,8 @@ class _Exchange:
                     logger.error(
                         "transaction of %s lost its connection: %r", self.record_id[:12], exc
                     )
-                    self._emit("store_error")
-                    await self._problem(
-                        "idempotency-store-unavailable",
-                        "The database connection was lost; retry with the same key.",
-                        retry_after=self.config.store_retry_after,
+                    await self._unavailable(
+                        "The database connection was lost; retry with the same key."
                     )
                     return
                 if not finished:
@@ -598,11 +586,8 @@ class _Exchange:
                 # The failure answer came from the transaction's connection dying under the
                 # handler: say so (503, retry) rather than pass on the framework's 500.
                 held.clear()
-                self._emit("store_error")
-                await self._problem(
-                    "idempotency-store-unavailable",
-                    "The database connection was lost; retry with the same key.",
-                    retry_after=self.config.store_retry_after,
+                await self._unavailable(
+                    "The database connection was lost; retry with the same key."
                 )
                 return
         elif not tx.begun:
@@ -615,13 +600,10 @@ class _Exchange:
                 # The commit may or may not have happened; both outcomes are consistent (the
                 # writes and the record commit together), so the retry replays or runs afresh.
                 logger.error("transaction of %s failed: %s", self.record_id[:12], exc)
-                self._emit("store_error")
                 await self._close_transaction()
                 await self._release()  # a no-op if the commit did land (the record is complete)
-                await self._problem(
-                    "idempotency-store-unavailable",
-                    "The transaction could not be committed; retry with the same key.",
-                    retry_after=self.config.store_retry_after,
+                await self._unavailable(
+                    "The transaction could not be committed; retry with the same key."
                 )
                 return
             if not done:
@@ -755,11 +737,7 @@ class _Exchange:
             stored = decode_response(data)
         except CodecError as exc:
             logger.error("stored response of %s is unreadable: %s", self.record_id[:12], exc)
-            await self._problem(
-                "idempotency-store-unavailable",
-                "The stored response cannot be read.",
-                retry_after=self.config.store_retry_after,
-            )
+            await self._unavailable("The stored response cannot be read.")
             return
         headers = list(stored.headers)
         if stored.body_omitted:
@@ -771,6 +749,13 @@ class _Exchange:
             {"type": "http.response.start", "status": stored.status, "headers": headers}
         )
         await self.send({"type": "http.response.body", "body": stored.body, "more_body": False})
+
+    async def _unavailable(self, detail: str) -> None:
+        """Answer ``503`` + ``Retry-After``: the store (or the transaction's database) failed."""
+        self._emit("store_error")
+        await self._problem(
+            "idempotency-store-unavailable", detail, retry_after=self.config.store_retry_after
+        )
 
     async def _too_large(self) -> None:
         await self._problem(
