@@ -56,19 +56,19 @@ def fingerprint(
     Returns:
         A hex digest.
     """
-    digest = hashlib.sha256()
-    digest.update(method.encode("ascii", "replace"))
-    digest.update(b"\x00")
-    digest.update(path.encode("utf-8", "surrogateescape"))
-    digest.update(b"\x00")
-    digest.update(_canonical_query(query_string))
-    digest.update(b"\x00")
+    head = b"\x00".join(
+        (
+            method.encode("ascii", "replace"),
+            path.encode("utf-8", "surrogateescape"),
+            _canonical_query(query_string),
+            b"",
+        )
+    )
     if canonical_json and body and b"json" in content_type.lower():
         canonical = _canonical_json(body)
         if canonical is not None:
-            digest.update(b"J")
-            digest.update(canonical)
-            return digest.hexdigest()
+            return hashlib.sha256(head + b"J" + canonical).hexdigest()
+    digest = hashlib.sha256(head)
     digest.update(b"R")
     digest.update(body)
     return digest.hexdigest()

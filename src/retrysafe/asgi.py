@@ -24,7 +24,7 @@ from ._fingerprint import fingerprint
 from ._keys import parse_key, record_id
 from ._problems import render_problem
 from ._routes import RouteTable
-from ._scope import asgi_default_scope
+from ._scope import authorization_scope, user_scope
 from ._transaction import CONTEXT_SCOPE_KEY, AsyncTransaction
 from .stores import AsyncStore, Store, resolve_async_store
 from .stores._base import Reservation
@@ -194,6 +194,7 @@ class _Exchange:
         keys: list[bytes] = []
         content_length = -1
         content_type = b""
+        authorization = b""
         for name, value in self.scope["headers"]:
             if name == b"idempotency-key":
                 keys.append(value)
@@ -204,6 +205,8 @@ class _Exchange:
                     content_length = -1
             elif name == b"content-type":
                 content_type = value
+            elif name == b"authorization":
+                authorization = value
         if not keys:
             if config.required:
                 await self._problem(
@@ -237,8 +240,11 @@ class _Exchange:
             canonical_json=config.canonical_json,
             content_type=content_type,
         )
-        resolver = config.scope_resolver or asgi_default_scope
-        self.record_id = record_id(resolver(self.scope), method, path, key)
+        if config.scope_resolver is not None:
+            principal = config.scope_resolver(self.scope)
+        else:  # asgi_default_scope, with the Authorization header already found above
+            principal = user_scope(self.scope.get("user")) or authorization_scope(authorization)
+        self.record_id = record_id(principal, method, path, key)
         await self._dispatch(fp)
 
     async def _dispatch(self, fp: str) -> None:
@@ -397,7 +403,11 @@ class _Exchange:
                 # Transactional mode: nothing leaves before the commit, which may still fail.
                 held.append(message)
                 return
-            await self._forward(message)
+            if not self.client_gone:  # _forward, inlined: this runs for every response message
+                try:
+                    await self.send(message)
+                except OSError:
+                    self.client_gone = True
 
         async def run_app() -> None:
             keeper.add(self)
