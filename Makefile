@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit chaos bench clean services
+.PHONY: demo test lint typecheck unit chaos bench clean services unasync
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -16,8 +16,13 @@ demo: $(STAMP)
 	$(BIN)/retrysafe demo --host 127.0.0.1 --port 8000
 
 lint: $(STAMP)
-	$(BIN)/ruff format --check src tests bench
-	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff format --check src tests bench scripts
+	$(BIN)/ruff check src tests bench scripts
+	$(BIN)/python scripts/unasync.py --check
+
+# Regenerate the sync runner (src/retrysafe/_sync/runner.py) from the async one.
+unasync: $(STAMP)
+	$(BIN)/python scripts/unasync.py
 
 typecheck: $(STAMP)
 	$(BIN)/mypy

@@ -23,8 +23,8 @@ from typing import Any
 import pytest
 
 from retrysafe._codec import StoredResponse, decode_response, encode_response
-from retrysafe._core import decide
 from retrysafe._fingerprint import fingerprint
+from retrysafe._flow import decide
 from retrysafe._keys import parse_key, record_id
 from retrysafe.stores._base import Record, Reservation
 

@@ -21,6 +21,7 @@ from ._errors import (
     StoreError,
     StoreUnavailableError,
 )
+from ._request import Request
 from ._routes import idempotent
 from ._transaction import mark_committed, transaction
 from .stores import async_store_from_url, store_from_url
@@ -35,6 +36,7 @@ __all__ = [
     "IdempotencyConfig",
     "IdempotencyError",
     "InvalidKeyError",
+    "Request",
     "RouteOptions",
     "StoreError",
     "StoreUnavailableError",

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal
 
 from ._errors import ConfigurationError
+from ._request import Request
 
 __all__ = [
     "DEFAULT_RELEASE_STATUSES",
@@ -17,8 +18,9 @@ __all__ = [
     "ScopeResolver",
 ]
 
-#: Returns the principal a request acts for ("" for global); given the ASGI scope or WSGI environ.
-ScopeResolver = Callable[[Mapping[str, Any]], str]
+#: Returns the principal a request acts for ("" for global), given the neutral request (the same
+#: object on every front: ASGI, WSGI, Flask, Django).
+ScopeResolver = Callable[[Request], str]
 
 #: Receives ``(event, details)``; see :attr:`IdempotencyConfig.on_event`.
 EventHook = Callable[[str, Mapping[str, Any]], None]
@@ -86,8 +88,9 @@ class IdempotencyConfig:
         store_server_errors: keep 5xx responses too (rarely wanted).
         replay_header_denylist: lower-case header names never stored.
         replay_header_allowlist: when set, only these lower-case header names are stored.
-        scope_resolver: the principal of a request; default: the authenticated user
-            (``scope["user"]``), else a hash of the ``Authorization`` header, else global.
+        scope_resolver: the principal of a request, given the neutral
+            :class:`~retrysafe.Request`; default: the framework's authenticated user, else a
+            hash of the ``Authorization`` header, else global.
         transactional: run each keyed request in a database transaction of the SQL store
             (SQLite, PostgreSQL): the handler's writes on :func:`retrysafe.transaction`'s
             connection commit together with the stored response (exactly-once effects).

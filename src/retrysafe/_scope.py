@@ -3,23 +3,37 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["asgi_default_scope", "authorization_scope"]
+if TYPE_CHECKING:
+    from ._request import Request
+
+__all__ = ["authorization_scope", "default_principal", "user_scope"]
 
 
 def authorization_scope(authorization: bytes | str | None) -> str:
-    """Scope from an ``Authorization`` header value: its hash, or global when absent."""
+    """Scope from an ``Authorization`` header value: a hash of it, or global when absent.
+
+    The value is normalized as RFC 9110 section 11.4 allows, so that equal credentials give one
+    scope: the auth scheme is case-insensitive, and the run of spaces between the scheme and the
+    credentials is one separator.
+    """
     if not authorization:
         return ""
     raw = authorization.encode("latin-1") if isinstance(authorization, str) else authorization
-    return "auth:" + hashlib.sha256(raw).hexdigest()
+    scheme, _, credentials = raw.strip(b" \t").partition(b" ")
+    normalized = scheme.lower() + b" " + credentials.lstrip(b" ") if credentials else raw.lower()
+    return "auth:" + hashlib.sha256(normalized).hexdigest()
 
 
 def user_scope(user: Any) -> str | None:
-    """Scope from a framework user object (Starlette ``BaseUser``, Django ``User``), if known."""
-    if user is None or not getattr(user, "is_authenticated", False):
+    """Scope from a framework user: a Starlette ``BaseUser`` or Django ``User`` object (when
+    authenticated), or a plain name (WSGI ``REMOTE_USER``)."""
+    if user is None:
+        return None
+    if isinstance(user, str):
+        return f"user:{user}" if user else None
+    if not getattr(user, "is_authenticated", False):
         return None
     for attr in ("identity", "pk", "id", "username", "display_name"):
         try:
@@ -31,12 +45,6 @@ def user_scope(user: Any) -> str | None:
     return None
 
 
-def asgi_default_scope(scope: Mapping[str, Any]) -> str:
-    """The authenticated ``scope["user"]``, else a hash of ``Authorization``, else global."""
-    found = user_scope(scope.get("user"))
-    if found is not None:
-        return found
-    for name, value in scope.get("headers", ()):
-        if name == b"authorization":
-            return authorization_scope(value)
-    return ""
+def default_principal(request: Request) -> str:
+    """The framework's authenticated user, else a hash of ``Authorization``, else global."""
+    return user_scope(request.user) or authorization_scope(request.authorization)

@@ -15,9 +15,16 @@ from typing import Any, Protocol, runtime_checkable
 
 from ._errors import ConfigurationError
 
-__all__ = ["CONTEXT_SCOPE_KEY", "AsyncTransaction", "mark_committed", "transaction"]
+__all__ = [
+    "CONTEXT_SCOPE_KEY",
+    "AsyncTransaction",
+    "Transaction",
+    "context_transaction",
+    "mark_committed",
+    "transaction",
+]
 
-#: Where the middleware puts the executing request's context in the ASGI scope.
+#: Where the middleware puts the executing request's context (ASGI scope, WSGI environ).
 CONTEXT_SCOPE_KEY = "retrysafe.context"
 
 
@@ -56,6 +63,53 @@ class AsyncTransaction(Protocol):
         ...
 
 
+@runtime_checkable
+class Transaction(Protocol):
+    """The synchronous twin of :class:`AsyncTransaction` (WSGI, Django)."""
+
+    @property
+    def begun(self) -> bool:
+        """See :attr:`AsyncTransaction.begun`."""
+        ...
+
+    @property
+    def broken(self) -> bool:
+        """See :attr:`AsyncTransaction.broken`."""
+        ...
+
+    def connection(self) -> Any:
+        """See :meth:`AsyncTransaction.connection`."""
+        ...
+
+    def complete(self, record_id: str, token: str, response: bytes, *, ttl: float) -> bool:
+        """See :meth:`AsyncTransaction.complete`."""
+        ...
+
+    def rollback(self) -> None:
+        """See :meth:`AsyncTransaction.rollback`."""
+        ...
+
+    def close(self) -> None:
+        """See :meth:`AsyncTransaction.close`."""
+        ...
+
+
+def context_transaction(scope: Mapping[str, Any], *, optional: bool) -> Any:
+    """The transaction object of the request whose scope or environ this is.
+
+    Raises:
+        ConfigurationError: there is none and ``optional`` is false.
+    """
+    context = scope.get(CONTEXT_SCOPE_KEY)
+    tx = None if context is None else context.transaction
+    if tx is None and not optional:
+        raise ConfigurationError(
+            "no idempotent transaction for this request: it carries no key, or the middleware "
+            "is not in transactional mode (transactional=True with a SQL store)"
+        )
+    return tx
+
+
 async def transaction(request: Any, *, optional: bool = False) -> Any:
     """Return the database connection of the current request's idempotent transaction.
 
@@ -72,17 +126,8 @@ async def transaction(request: Any, *, optional: bool = False) -> Any:
         ConfigurationError: the request does not run in transactional mode (no key, a replay,
             or ``transactional=True`` is not set on the middleware).
     """
-    scope: Mapping[str, Any] = getattr(request, "scope", request)
-    context = scope.get(CONTEXT_SCOPE_KEY)
-    tx = None if context is None else context.transaction
-    if tx is None:
-        if optional:
-            return None
-        raise ConfigurationError(
-            "no idempotent transaction for this request: it carries no key, or the middleware "
-            "is not in transactional mode (transactional=True with a SQL store)"
-        )
-    return await tx.connection()
+    tx = context_transaction(getattr(request, "scope", request), optional=optional)
+    return None if tx is None else await tx.connection()
 
 
 async def mark_committed(request: Any) -> bool:

@@ -24,6 +24,7 @@ from starlette.requests import HTTPConnection, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+import retrysafe
 from retrysafe import StoreUnavailableError, idempotent
 from retrysafe.asgi import IdempotencyMiddleware
 from retrysafe.stores import AsyncMemoryStore, AsyncStore
@@ -701,8 +702,8 @@ async def test_keys_are_scoped_by_the_authenticated_starlette_user(
 
 
 async def test_custom_scope_resolver_decides_the_scope(store: AsyncStore, calls: Calls) -> None:
-    def tenant(scope: Any) -> str:
-        return dict(scope["headers"]).get(b"x-tenant", b"").decode()
+    def tenant(request: retrysafe.Request) -> str:
+        return request.header("X-Tenant") or ""
 
     app = build_app(store, calls, scope_resolver=tenant)
     async with client_for(app) as client:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from retrysafe._core import Decision, decide, retry_after
+from retrysafe._flow import Decision, decide, retry_after
 from retrysafe.stores import Record, Reservation
 
 FP = "f" * 64

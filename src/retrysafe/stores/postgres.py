@@ -50,7 +50,7 @@ import asyncio
 import logging
 import math
 import threading
-from collections.abc import Awaitable, Callable, Generator
+from collections.abc import Awaitable, Callable, Generator, Sequence
 from typing import Any, TypeVar
 
 from .._errors import StoreError, StoreUnavailableError
@@ -78,6 +78,7 @@ __all__ = [
     "AsyncPostgresStore",
     "AsyncPostgresTransaction",
     "PostgresStore",
+    "PostgresTransaction",
     "drive_async",
     "drive_sync",
 ]
@@ -637,9 +638,102 @@ class PostgresStore:
         """See :meth:`retrysafe.stores.Store.purge_expired`; deletes in batches."""
         return drive_sync(purge_op(self.statements), self._fetch)
 
+    def begin(self) -> PostgresTransaction:
+        """Return a transaction (begun on first use) for transactional mode."""
+        return PostgresTransaction(self)
+
     def close(self) -> None:
         """Close the pool."""
         with self._lock:
             pool, self._pool = self._pool, None
         if pool is not None:
             pool.close()
+
+
+class PostgresTransaction:
+    """The sync twin of :class:`AsyncPostgresTransaction` (WSGI): a pooled psycopg connection
+    with a transaction begun on first use; the fenced completion is written and committed in it.
+
+    Args:
+        store: the store whose database holds both the records and the application's tables.
+    """
+
+    def __init__(self, store: PostgresStore) -> None:
+        self._store = store
+        self._pool: Any = None
+        self._conn: Any = None
+        self._open = False
+        self._lock = threading.Lock()  # two concurrent first calls must share one transaction
+
+    @property
+    def begun(self) -> bool:
+        """Whether the transaction is open."""
+        return self._conn is not None
+
+    @property
+    def broken(self) -> bool:
+        """Whether the connection died (a terminated backend, a lost socket)."""
+        conn = self._conn
+        return conn is not None and bool(conn.broken or conn.closed)
+
+    def connection(self) -> Any:
+        """Begin the transaction if needed and return its ``psycopg.Connection``."""
+        with self._lock:
+            if self._conn is None:
+                store = self._store
+                pool = store._pool or store._open()
+                try:
+                    conn = pool.getconn(timeout=store.options.pool_timeout)
+                except Exception as exc:
+                    raise _psycopg_error(exc, what="begin") from exc
+                try:
+                    conn.execute("BEGIN")  # the pool's connections are in autocommit mode
+                except Exception as exc:
+                    pool.putconn(conn)
+                    raise _psycopg_error(exc, what="begin") from exc
+                self._pool, self._conn, self._open = pool, conn, True
+            return self._conn
+
+    def _execute(self, sql: str, args: Sequence[Any] = (), *, what: str) -> Rows:
+        try:
+            cur = self._conn.execute(sql, args)
+            return cur.fetchall() if cur.description else []
+        except Exception as exc:
+            # Never a ConnectionLostError: the transaction died with its connection, so the
+            # operation must not be repeated on another one.
+            raise _psycopg_error(exc, what=what) from exc
+
+    def complete(self, record_id: str, token: str, response: bytes, *, ttl: float) -> bool:
+        """Write the completion in the transaction and commit; ``False`` (rolled back) when
+        fenced out."""
+        self.connection()
+
+        def fetch(query: Query) -> Rows:
+            return self._execute(query.statement.sql, query.args, what="complete")
+
+        op = complete_op(self._store.statements, record_id, token, response, ttl=ttl)
+        if not drive_sync(op, fetch):
+            self.rollback()
+            return False
+        self._open = False
+        self._execute("COMMIT", what="commit")
+        return True
+
+    def rollback(self) -> None:
+        """Undo the handler's writes."""
+        if self._conn is not None and self._open:
+            self._open = False
+            self._execute("ROLLBACK", what="rollback")
+
+    def close(self) -> None:
+        """Roll back anything not committed and give the connection back to the pool."""
+        conn, self._conn = self._conn, None
+        if conn is None:
+            return
+        if self._open:
+            self._open = False
+            try:
+                conn.execute("ROLLBACK")
+            except Exception as exc:
+                logger.debug("rollback on close failed: %s", exc)
+        self._pool.putconn(conn)

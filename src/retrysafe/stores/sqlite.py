@@ -26,7 +26,14 @@ from ._base import Record, Reservation, new_token
 from ._inline import InlineAsyncStore
 from ._sql import load_queries
 
-__all__ = ["AsyncSQLiteStore", "SQLiteBusyError", "SQLiteStore", "parse_sqlite_url"]
+__all__ = [
+    "AsyncSQLiteStore",
+    "AsyncSQLiteTransaction",
+    "SQLiteBusyError",
+    "SQLiteStore",
+    "SQLiteTransaction",
+    "parse_sqlite_url",
+]
 
 _PURGE_BATCH = 1000
 _IDLE_TRANSACTION_CONNECTIONS = 8
@@ -229,6 +236,10 @@ class SQLiteStore:
             if deleted < _PURGE_BATCH:
                 return total
 
+    def begin(self) -> SQLiteTransaction:
+        """Return a transaction (begun on first use) for transactional mode."""
+        return SQLiteTransaction(self)
+
     def forget_connection(self, conn: sqlite3.Connection) -> None:
         """Close a connection from :meth:`open_connection` and stop tracking it."""
         conn.close()
@@ -373,3 +384,64 @@ class AsyncSQLiteTransaction:
         if self._conn is not None:
             conn, self._conn = self._conn, None
             self._store._checkin(conn)
+
+
+class SQLiteTransaction:
+    """The sync twin of :class:`AsyncSQLiteTransaction` (WSGI): ``BEGIN IMMEDIATE`` on first use
+    on a connection of its own, waiting for another writer's lock up to the store's
+    ``busy_timeout`` (a blocking wait is right here: the request has its own thread).
+
+    Args:
+        store: the store whose file holds both the records and the application's tables.
+    """
+
+    def __init__(self, store: SQLiteStore) -> None:
+        self._store = store
+        self._conn: sqlite3.Connection | None = None
+        self._lock = threading.Lock()  # two concurrent first calls must share one transaction
+
+    @property
+    def begun(self) -> bool:
+        """Whether the transaction is open."""
+        return self._conn is not None
+
+    @property
+    def broken(self) -> bool:
+        """Always ``False``: a local file connection does not die under a running request."""
+        return False
+
+    def connection(self) -> sqlite3.Connection:
+        """Begin the transaction if needed and return its connection."""
+        with self._lock:
+            if self._conn is None:
+                conn = self._store.open_connection()
+                try:
+                    AsyncSQLiteTransaction._execute(conn, "BEGIN IMMEDIATE")
+                except BaseException:
+                    self._store.forget_connection(conn)
+                    raise
+                self._conn = conn
+            return self._conn
+
+    def complete(self, record_id: str, token: str, response: bytes, *, ttl: float) -> bool:
+        """Write the completion in the transaction and commit; ``False`` (rolled back) when
+        fenced out."""
+        conn = self.connection()
+        if not self._store.complete(record_id, token, response, ttl=ttl, conn=conn):
+            AsyncSQLiteTransaction._execute(conn, "ROLLBACK")
+            return False
+        AsyncSQLiteTransaction._execute(conn, "COMMIT")
+        return True
+
+    def rollback(self) -> None:
+        """Undo the handler's writes."""
+        if self._conn is not None and self._conn.in_transaction:
+            AsyncSQLiteTransaction._execute(self._conn, "ROLLBACK")
+
+    def close(self) -> None:
+        """Roll back anything not committed and close the connection."""
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            self._store.forget_connection(conn)

@@ -1,0 +1,108 @@
+"""What the async runner needs from asyncio: lease renewal, background work, sleep and a clock.
+
+Hand-written, with a twin of the same method names in ``_sync/_keeper.py`` (threads), so that
+the runner itself is written once and its sync twin generated (``scripts/unasync.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import weakref
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+__all__ = ["AsyncLeaseKeeper"]
+
+logger = logging.getLogger("retrysafe")
+
+
+class _Renewable(Protocol):
+    async def renew(self) -> bool: ...
+
+
+class _LoopKeeper:
+    """The running handlers of one event loop, renewed by one sweeping task.
+
+    One task per loop, not a timer per request: a timer per request costs a ``call_later`` and
+    leaves a cancelled entry in the loop's heap for every fast request (the common case). The
+    sweeper sleeps until the next lease is due and ends when nothing runs.
+    """
+
+    __slots__ = ("active", "loop", "task")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.active: dict[_Renewable, tuple[float, float]] = {}
+        self.task: asyncio.Task[None] | None = None
+
+    def add(self, item: _Renewable, interval: float) -> None:
+        self.active[item] = (self.loop.time() + interval, interval)
+        if self.task is None or self.task.done():
+            self.task = self.loop.create_task(self._sweep())
+
+    async def _sweep(self) -> None:
+        renewals: set[asyncio.Task[None]] = set()
+        loop = self.loop
+        while self.active:
+            now = loop.time()
+            for item, (due, interval) in list(self.active.items()):
+                if due <= now:
+                    self.active[item] = (now + interval, interval)
+                    task = loop.create_task(self._renew(item))
+                    renewals.add(task)
+                    task.add_done_callback(renewals.discard)
+            if not self.active:
+                break
+            wait = min(due for due, _ in self.active.values()) - loop.time()
+            await asyncio.sleep(min(1.0, max(0.005, wait)))
+
+    async def _renew(self, item: _Renewable) -> None:
+        if not await item.renew():
+            self.active.pop(item, None)
+
+
+class AsyncLeaseKeeper:
+    """Renews the leases of the running handlers of one middleware (one sweeper per event
+    loop: a middleware may serve several loops, e.g. in tests) and runs background work."""
+
+    __slots__ = ("_current", "_loops", "_tasks")
+
+    def __init__(self) -> None:
+        self._loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopKeeper] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._current: _LoopKeeper | None = None
+        self._tasks: set[asyncio.Future[None]] = set()
+
+    def _keeper(self) -> _LoopKeeper:
+        loop = asyncio.get_running_loop()
+        keeper = self._current
+        if keeper is None or keeper.loop is not loop:
+            keeper = self._loops.get(loop)
+            if keeper is None:
+                keeper = self._loops[loop] = _LoopKeeper(loop)
+            self._current = keeper
+        return keeper
+
+    def add(self, item: _Renewable, interval: float) -> None:
+        """Renew ``item`` every ``interval`` seconds until discarded or its renewal fails."""
+        self._keeper().add(item, interval)
+
+    def discard(self, item: _Renewable) -> None:
+        """Stop renewing ``item``."""
+        self._keeper().active.pop(item, None)
+
+    def spawn(self, function: Callable[..., Awaitable[None]], *args: Any) -> None:
+        """Run ``function(*args)`` in the background (kept referenced until it ends)."""
+        task = asyncio.ensure_future(function(*args))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def sleep(self, seconds: float) -> None:
+        """Wait ``seconds``."""
+        await asyncio.sleep(seconds)
+
+    def clock(self) -> float:
+        """Monotonic seconds."""
+        return asyncio.get_running_loop().time()

@@ -1,0 +1,215 @@
+"""The async runner: performs the request flow's actions against an async store.
+
+The flow (:mod:`retrysafe._flow`) decides; this module only does what it is told: one store
+call per action, the request's transaction object, the handler's finalizers, lease renewal and
+background completion (through :class:`AsyncLeaseKeeper`). It is also the handler's context
+(``transaction()``, ``mark_committed()``).
+
+The sync twin, ``_sync/runner.py``, is generated from this file by ``scripts/unasync.py``
+(``make test`` checks that it is up to date): edit this file, then run the script.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Generator
+from typing import Any, TypeVar
+
+from .._flow import (
+    BEGIN,
+    CLOCK,
+    COMPLETE,
+    DEFER,
+    EMIT,
+    FINALIZE,
+    MARK_COMMITTED,
+    RELEASE,
+    RENEW,
+    RESERVE,
+    SLEEP,
+    TX_CLOSE,
+    TX_COMPLETE,
+    TX_ROLLBACK,
+    TX_STATE,
+    Action,
+    Answer,
+    Flow,
+    notify,
+)
+from .._transaction import AsyncTransaction
+from ..stores._base import AsyncStore
+from ._keeper import AsyncLeaseKeeper
+
+__all__ = ["AsyncExchange", "AsyncRunner"]
+
+T = TypeVar("T")
+
+
+class AsyncRunner:
+    """What one middleware's requests share: the store and the lease keeper.
+
+    Args:
+        store: the store.
+    """
+
+    __slots__ = ("keeper", "store")
+
+    def __init__(self, store: AsyncStore) -> None:
+        self.store = store
+        self.keeper = AsyncLeaseKeeper()
+
+
+class AsyncExchange:
+    """One keyed request: drives its :class:`~retrysafe._flow.Flow`, and is the handler's
+    context (the object :func:`retrysafe.transaction` and :func:`retrysafe.mark_committed`
+    find in the request's scope or environ).
+
+    Args:
+        runner: the middleware's runner.
+        flow: the request's flow.
+    """
+
+    __slots__ = ("finalizers", "flow", "keeper", "store", "tx")
+
+    def __init__(self, runner: AsyncRunner, flow: Flow) -> None:
+        self.flow = flow
+        self.store = runner.store
+        self.keeper = runner.keeper
+        self.tx: AsyncTransaction | None = None
+        self.finalizers: list[Callable[[bool], Awaitable[None]]] = []
+
+    # -- what a shell calls, in order --------------------------------------------------------
+
+    async def claim(self) -> str | Answer:
+        """See :meth:`Flow.claim`."""
+        return await self._drive(self.flow.claim())
+
+    def start(self) -> None:
+        """The handler starts: renew its lease until it settles."""
+        self.keeper.add(self, self.flow.config.lease / 3)
+
+    async def settle(
+        self,
+        status: int,
+        headers: list[tuple[bytes, bytes]] | tuple[tuple[bytes, bytes], ...],
+        body: bytes,
+        omitted: bool,
+    ) -> Answer | None:
+        """See :meth:`Flow.settle`."""
+        self.keeper.discard(self)
+        return await self._drive(self.flow.settle(status, headers, body, omitted))
+
+    async def fail(self, error: BaseException, started: bool) -> Answer | None:
+        """See :meth:`Flow.failed`."""
+        self.keeper.discard(self)
+        return await self._drive(self.flow.failed(error, started))
+
+    async def incomplete(self) -> None:
+        """See :meth:`Flow.incomplete`."""
+        self.keeper.discard(self)
+        await self._drive(self.flow.incomplete())
+
+    async def end(self) -> None:
+        """The request is over (whatever happened): close what is still open."""
+        steps = self.flow.end()
+        if steps is not None:
+            await self._drive(steps)
+
+    # -- the handler's context ---------------------------------------------------------------
+
+    @property
+    def transaction(self) -> AsyncTransaction | None:
+        """The request's transaction in transactional mode, else ``None``."""
+        return self.tx
+
+    def add_finalizer(self, finalizer: Callable[[bool], Awaitable[None]]) -> None:
+        """Run ``finalizer(ok)`` before the transaction ends (``ok``: it is about to commit),
+        e.g. to flush and close an ORM session opened on it."""
+        self.finalizers.append(finalizer)
+
+    async def mark_committed(self) -> bool:
+        """See :func:`retrysafe.mark_committed`."""
+        return await self._drive(self.flow.mark_committed())
+
+    # -- beside the handler ------------------------------------------------------------------
+
+    async def renew(self) -> bool:
+        """Renew the lease (the keeper calls this); ``False``: stop renewing."""
+        return await self._drive(self.flow.renew())
+
+    async def _complete_later(self, data: bytes) -> None:
+        try:
+            await self._drive(self.flow.complete_later(data))
+        finally:
+            self.keeper.discard(self)
+
+    # -- performing actions ------------------------------------------------------------------
+
+    async def _drive(self, steps: Generator[Action, Any, T]) -> T:
+        """Run one phase of the flow: perform each action it yields and send back the result,
+        or throw in what performing it raised (the flow holds the policy for it)."""
+        try:
+            action = next(steps)
+            while True:
+                try:
+                    result = await self._perform(action)
+                except BaseException as exc:
+                    action = steps.throw(exc)
+                else:
+                    action = steps.send(result)
+        except StopIteration as stop:
+            value: T = stop.value
+            return value
+
+    async def _perform(self, action: Action) -> Any:
+        op, arg = action
+        flow = self.flow
+        if op is RESERVE:
+            config = flow.config
+            return await self.store.reserve(
+                flow.record_id, flow.fingerprint, lease=config.lease, ttl=config.ttl
+            )
+        token = flow.token  # "" before the key is won (only RESERVE, EMIT, CLOCK, SLEEP then)
+        if op is COMPLETE:
+            return await self.store.complete(flow.record_id, token, arg, ttl=flow.config.ttl)
+        if op is RELEASE:
+            return await self.store.release(flow.record_id, token)
+        if op is EMIT:
+            notify(flow.config, arg, flow.request, flow.record_id)
+            return None
+        if op is RENEW:
+            return await self.store.renew(flow.record_id, token, lease=flow.config.lease)
+        if op is MARK_COMMITTED:
+            return await self.store.mark_committed(flow.record_id, token, lease=arg)
+        if op is BEGIN:
+            self.tx = self.store.begin()  # type: ignore[attr-defined]
+            return None
+        if op is TX_STATE:
+            tx = self.tx
+            return (False, False) if tx is None else (tx.begun, tx.broken)
+        if op is TX_COMPLETE:
+            assert self.tx is not None
+            return await self.tx.complete(flow.record_id, token, arg, ttl=flow.config.ttl)
+        if op is TX_ROLLBACK:
+            if self.tx is not None:
+                await self.tx.rollback()
+            return None
+        if op is TX_CLOSE:
+            tx, self.tx = self.tx, None
+            if tx is not None:
+                await tx.close()
+            return None
+        if op is FINALIZE:
+            finalizers, self.finalizers = self.finalizers, []
+            for finalizer in finalizers:
+                await finalizer(arg)
+            return None
+        if op is SLEEP:
+            await self.keeper.sleep(arg)
+            return None
+        if op is CLOCK:
+            return self.keeper.clock()
+        if op is DEFER:
+            self.keeper.add(self, flow.config.lease / 3)  # the key stays ours while we retry
+            self.keeper.spawn(self._complete_later, arg)
+            return None
+        raise AssertionError(f"unknown flow action {op!r}")  # pragma: no cover

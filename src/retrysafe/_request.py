@@ -1,0 +1,78 @@
+"""The neutral request head: what the flow needs to know of a request, on every front.
+
+Each shell builds one in a single pass over its headers (an ASGI scope, a WSGI environ, a
+framework request); the flow, and a user's ``scope_resolver``, see only this object, so a
+resolver works unchanged on every front.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["Request"]
+
+
+class Request:
+    """One request as the idempotency flow sees it.
+
+    Attributes:
+        method: the upper-case HTTP method.
+        path: the request path (no query).
+        query: the raw query string.
+        keys: the values of every ``Idempotency-Key`` header field, in order.
+        content_length: the declared body length, ``-1`` when absent or unreadable.
+        content_type: the ``Content-Type`` value (``b""`` when absent).
+        authorization: the ``Authorization`` value (``b""`` when absent).
+        user: the framework's authenticated user object (Starlette ``scope["user"]``, Django
+            ``request.user``) or name (WSGI ``REMOTE_USER``), else ``None``.
+        headers: every header as ``(lower-case name, value)`` byte pairs.
+        route: the route template (``/orders/{id}``) when the shell knows it, else ``None``.
+    """
+
+    __slots__ = (
+        "authorization",
+        "content_length",
+        "content_type",
+        "headers",
+        "keys",
+        "method",
+        "path",
+        "query",
+        "route",
+        "user",
+    )
+
+    def __init__(
+        self,
+        method: str,
+        path: str,
+        query: bytes,
+        keys: list[bytes],
+        content_length: int,
+        content_type: bytes,
+        authorization: bytes,
+        user: Any,
+        headers: Sequence[tuple[bytes, bytes]],
+    ) -> None:
+        self.method = method
+        self.path = path
+        self.query = query
+        self.keys = keys
+        self.content_length = content_length
+        self.content_type = content_type
+        self.authorization = authorization
+        self.user = user
+        self.headers = headers
+        self.route: str | None = None
+
+    def header(self, name: str) -> str | None:
+        """Return the first value of the header ``name`` (case-insensitive), if present."""
+        wanted = name.lower().encode("latin-1")
+        for key, value in self.headers:
+            if key == wanted:
+                return value.decode("latin-1")
+        return None
+
+    def __repr__(self) -> str:
+        return f"<Request {self.method} {self.path}>"

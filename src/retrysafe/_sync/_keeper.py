@@ -1,0 +1,88 @@
+"""What the sync runner needs from threads: lease renewal, background work, sleep and a clock.
+
+The hand-written twin of ``_async/_keeper.py`` (same method names). Leases are renewed by one
+daemon thread per middleware and process (restarted after ``fork``, so a pre-forking server's
+workers each renew their own), never by the request's thread, which is busy in the handler.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+__all__ = ["LeaseKeeper"]
+
+logger = logging.getLogger("retrysafe")
+
+
+class _Renewable(Protocol):
+    def renew(self) -> bool: ...
+
+
+class LeaseKeeper:
+    """Renews the leases of the running handlers of one middleware and runs background work."""
+
+    def __init__(self) -> None:
+        self._reset()
+
+    def _reset(self) -> None:
+        self._pid = os.getpid()
+        self._cond = threading.Condition(threading.Lock())
+        self._active: dict[_Renewable, tuple[float, float]] = {}
+        self._thread: threading.Thread | None = None
+
+    def add(self, item: _Renewable, interval: float) -> None:
+        """Renew ``item`` every ``interval`` seconds until discarded or its renewal fails."""
+        if self._pid != os.getpid():
+            self._reset()  # forked: the parent's thread and lock are not ours
+        with self._cond:
+            self._active[item] = (time.monotonic() + interval, interval)
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._sweep, name="retrysafe-leases", daemon=True
+                )
+                self._thread.start()
+            self._cond.notify()
+
+    def discard(self, item: _Renewable) -> None:
+        """Stop renewing ``item``."""
+        with self._cond:
+            self._active.pop(item, None)
+
+    def spawn(self, function: Callable[..., None], *args: Any) -> None:
+        """Run ``function(*args)`` in a background thread."""
+        threading.Thread(
+            target=function, args=args, name="retrysafe-background", daemon=True
+        ).start()
+
+    def sleep(self, seconds: float) -> None:
+        """Wait ``seconds``."""
+        time.sleep(seconds)
+
+    def clock(self) -> float:
+        """Monotonic seconds."""
+        return time.monotonic()
+
+    def _sweep(self) -> None:
+        while True:
+            with self._cond:
+                now = time.monotonic()
+                due = [item for item, (at, _) in self._active.items() if at <= now]
+                for item in due:
+                    self._active[item] = (now + self._active[item][1], self._active[item][1])
+                if not due:
+                    wait = min((at for at, _ in self._active.values()), default=now + 60) - now
+                    self._cond.wait(timeout=min(1.0, max(0.005, wait)))
+                    continue
+            for item in due:
+                try:
+                    ok = item.renew()
+                except Exception:  # never let one renewal end the thread
+                    logger.exception("lease renewal failed")
+                    continue
+                if not ok:
+                    self.discard(item)

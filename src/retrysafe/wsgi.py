@@ -1,0 +1,400 @@
+"""Pure WSGI idempotency middleware (PEP 3333; no framework import).
+
+Works in any WSGI app: Flask, Django, Falcon, Pyramid, Bottle, or a bare WSGI callable::
+
+    app = IdempotencyMiddleware(app, store="sqlite:///idempotency.db")
+
+A thin shell, like the ASGI one: it builds the neutral request from the environ, reads
+``wsgi.input`` within the limit (chunked input too), captures ``start_response`` and every chunk
+of the response iterable, and forwards the flow's answers. Every decision is made by
+:mod:`retrysafe._flow`, performed by the sync runner (generated from the async one).
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from http import HTTPStatus
+from types import TracebackType
+from typing import Any
+
+from ._config import IdempotencyConfig
+from ._errors import ConfigurationError
+from ._flow import EXECUTE, RUN_UNPROTECTED, Answer, Flow, admit, notify, too_large
+from ._request import Request
+from ._sync.runner import Exchange, Runner
+from ._transaction import CONTEXT_SCOPE_KEY, context_transaction
+from .stores import Store, resolve_store
+
+__all__ = ["IdempotencyMiddleware", "mark_committed", "request_from_environ", "transaction"]
+
+logger = logging.getLogger("retrysafe")
+
+ExcInfo = tuple[type[BaseException], BaseException, TracebackType | None]
+StartResponse = Callable[..., Callable[[bytes], Any]]
+WSGIApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]
+
+_BLOCK = 64 * 1024
+
+
+class _RequestTooLarge(Exception):
+    pass
+
+
+class _ClientGone(Exception):
+    pass
+
+
+def request_from_environ(environ: Mapping[str, Any]) -> Request:
+    """Build the neutral request from a WSGI environ, in one pass over it."""
+    keys: list[bytes] = []
+    headers: list[tuple[bytes, bytes]] = []
+    authorization = b""
+    for name, value in environ.items():
+        if name.startswith("HTTP_"):
+            raw = value.encode("latin-1")
+            headers.append((name[5:].replace("_", "-").lower().encode("latin-1"), raw))
+            if name == "HTTP_IDEMPOTENCY_KEY":
+                # WSGI joins repeated header fields with commas: the key parser rejects those.
+                keys.append(raw)
+            elif name == "HTTP_AUTHORIZATION":
+                authorization = raw
+    content_type = environ.get("CONTENT_TYPE", "").encode("latin-1")
+    if content_type:
+        headers.append((b"content-type", content_type))
+    length = environ.get("CONTENT_LENGTH", "")
+    if length:
+        headers.append((b"content-length", length.encode("latin-1")))
+    try:
+        content_length = int(length) if length else -1
+    except ValueError:
+        content_length = -1
+    return Request(
+        environ.get("REQUEST_METHOD", "GET"),
+        environ.get("PATH_INFO", "") or "/",
+        environ.get("QUERY_STRING", "").encode("latin-1"),
+        keys,
+        content_length,
+        content_type,
+        authorization,
+        environ.get("REMOTE_USER") or None,
+        headers,
+    )
+
+
+class IdempotencyMiddleware:
+    """Makes POST/PATCH requests that carry an ``Idempotency-Key`` safe to retry (WSGI).
+
+    Args:
+        app: the WSGI app to protect.
+        store: a store URL (``"sqlite:///idempotency.db"``, ``"redis://..."``) or a synchronous
+            store.
+        config: the settings; or pass them as keyword arguments instead.
+        **options: fields of :class:`~retrysafe.IdempotencyConfig`.
+
+    Raises:
+        ConfigurationError: bad settings or store (at construction, never per request).
+    """
+
+    def __init__(
+        self,
+        app: WSGIApp,
+        *,
+        store: str | Store,
+        config: IdempotencyConfig | None = None,
+        **options: Any,
+    ) -> None:
+        if config is not None and options:
+            raise ConfigurationError("pass either config= or keyword options, not both")
+        self.app = app
+        self.config = config if config is not None else IdempotencyConfig(**options)
+        self.store = resolve_store(store)
+        if self.config.transactional and not callable(getattr(self.store, "begin", None)):
+            raise ConfigurationError(
+                f"transactional=True needs a SQL store (SQLite or PostgreSQL), not "
+                f"{type(self.store).__name__}"
+            )
+        self._runner = Runner(self.store)
+
+    def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
+        config = self.config
+        if environ.get("REQUEST_METHOD") not in config.methods:
+            return self.app(environ, start_response)
+        request = request_from_environ(environ)
+        admitted = admit(request, config)
+        if admitted is None:
+            return self.app(environ, start_response)
+        if isinstance(admitted, Answer):
+            notify(config, admitted.event or "", request, "")
+            return _respond(start_response, admitted)
+        try:
+            body = _read_body(environ, request.content_length, config.max_body_size)
+        except _RequestTooLarge:
+            notify(config, "too_large", request, "")
+            return _respond(start_response, too_large(config))
+        except _ClientGone:
+            # The body ended before its declared length: the client left; nothing runs.
+            start_response("400 Bad Request", [("Content-Length", "0")])
+            return []
+        environ["wsgi.input"] = io.BytesIO(body)
+        environ["CONTENT_LENGTH"] = str(len(body))
+        exchange = Exchange(self._runner, Flow(config, request, admitted, body))
+        verdict = exchange.claim()
+        if verdict is EXECUTE:
+            return _Execution(self.app, exchange, environ, start_response).run()
+        if verdict is RUN_UNPROTECTED:
+            return self.app(environ, start_response)
+        assert isinstance(verdict, Answer)
+        return _respond(start_response, verdict)
+
+
+def transaction(environ: Mapping[str, Any], *, optional: bool = False) -> Any:
+    """The WSGI twin of :func:`retrysafe.transaction`: the database connection of the current
+    request's idempotent transaction (``sqlite3.Connection``, ``psycopg.Connection``).
+
+    Args:
+        environ: the request's WSGI environ.
+        optional: return ``None`` instead of raising when the request has no transaction.
+
+    Raises:
+        ConfigurationError: the request does not run in transactional mode.
+    """
+    tx = context_transaction(environ, optional=optional)
+    return None if tx is None else tx.connection()
+
+
+def mark_committed(environ: Mapping[str, Any]) -> bool:
+    """The WSGI twin of :func:`retrysafe.mark_committed`.
+
+    Returns:
+        ``True`` when recorded (or the request has no key); ``False`` when the store could not
+        be reached or the lease was lost.
+    """
+    context = environ.get(CONTEXT_SCOPE_KEY)
+    return True if context is None else bool(context.mark_committed())
+
+
+def _read_body(environ: Mapping[str, Any], length: int, limit: int) -> bytes:
+    stream = environ["wsgi.input"]
+    chunked = "chunked" in environ.get("HTTP_TRANSFER_ENCODING", "").lower()
+    if length >= 0 and not chunked:
+        parts: list[bytes] = []
+        left = length
+        while left > 0:
+            part = stream.read(min(left, _BLOCK))
+            if not part:
+                raise _ClientGone
+            parts.append(part)
+            left -= len(part)
+        return b"".join(parts)
+    if not chunked and not environ.get("wsgi.input_terminated"):
+        return b""  # no length, no chunked framing: PEP 3333 says there is no body
+    parts = []
+    size = 0
+    while True:
+        part = stream.read(_BLOCK)
+        if not part:
+            return b"".join(parts)
+        size += len(part)
+        if size > limit:
+            raise _RequestTooLarge
+        parts.append(part)
+
+
+def _status_line(status: int) -> str:
+    try:
+        return f"{status} {HTTPStatus(status).phrase}"
+    except ValueError:
+        return f"{status} Unknown"
+
+
+def _native_headers(headers: Iterable[tuple[bytes, bytes]]) -> list[tuple[str, str]]:
+    return [(name.decode("latin-1"), value.decode("latin-1")) for name, value in headers]
+
+
+def _respond(start_response: StartResponse, answer: Answer) -> list[bytes]:
+    start_response(_status_line(answer.status), _native_headers(answer.headers))
+    return [answer.body]
+
+
+class _Execution:
+    """The handler of one keyed request: its captured ``start_response`` and the iterable that
+    forwards its chunks one behind, so the flow settles before the last one leaves."""
+
+    def __init__(
+        self,
+        app: WSGIApp,
+        exchange: Exchange,
+        environ: dict[str, Any],
+        start_response: StartResponse,
+    ) -> None:
+        self.app = app
+        self.exchange = exchange
+        self.environ = environ
+        self.start_response = start_response
+        self.status = 0
+        self.status_line = ""
+        self.headers: list[tuple[str, str]] = []
+        self.started = False  # the server's start_response was called
+        self.written: list[bytes] = []  # data given to the legacy write() callable
+        environ[CONTEXT_SCOPE_KEY] = exchange
+
+    def run(self) -> Iterable[bytes]:
+        self.exchange.start()
+        body = _Body(self)
+        try:
+            body.source = self.app(self.environ, self._start_response)
+        except BaseException as exc:
+            answer = self.exchange.fail(exc, self.status != 0)
+            self.exchange.end()
+            if answer is None:
+                raise
+            return _respond(self.start_response, answer)
+        body.chunks = iter(body.source)
+        return body
+
+    def _start_response(
+        self, status: str, headers: list[tuple[str, str]], exc_info: ExcInfo | None = None
+    ) -> Callable[[bytes], Any]:
+        if exc_info is not None and self.started:
+            raise exc_info[1].with_traceback(exc_info[2])
+        self.status_line = status
+        self.status = int(status[:3])
+        self.headers = list(headers)
+        return self._write
+
+    def _write(self, data: bytes) -> None:
+        # The legacy write() callable: its data goes out (and is stored) before the iterable's.
+        self.written.append(data)
+
+    def start(self, answer: Answer | None) -> None:
+        """Call the server's ``start_response`` (once), with the handler's head or ``answer``."""
+        if self.started:
+            return
+        self.started = True
+        if answer is None:
+            self.start_response(self.status_line, self.headers)
+        else:
+            self.start_response(_status_line(answer.status), _native_headers(answer.headers))
+
+
+class _Body:
+    """The response iterable the server gets. When the server stops early and calls
+    :meth:`close` (the client went away), the handler's iterable is still read to its end and
+    its response stored, so the client's retry gets the replay (guarantee 4)."""
+
+    def __init__(self, execution: _Execution) -> None:
+        self.execution = execution
+        self.hold = execution.exchange.flow.holds_response
+        self.source: Iterable[bytes] = ()
+        self.chunks: Iterator[bytes] = iter(())
+        self.captured: list[bytes] = []
+        self.size = 0
+        self.omitted = False
+        self.pending: list[bytes] = []  # captured, not yet handed to the server
+        self.out: deque[bytes] = deque()
+        self.answer: Answer | None = None
+        self.done = False
+        self.source_closed = False
+
+    def __iter__(self) -> Iterator[bytes]:
+        return self
+
+    def __next__(self) -> bytes:
+        while not self.out:
+            if self.done:
+                self.execution.start(self.answer)
+                raise StopIteration
+            self._pull()
+        self.execution.start(self.answer)
+        return self.out.popleft()
+
+    def close(self) -> None:
+        """The server is done with the response (PEP 3333): finish the handler if needed."""
+        if self.done:
+            return
+        try:
+            while not self.done:
+                self._pull()
+        except Exception:
+            logger.exception("handler of %s failed after its client left", self._record())
+        self.out.clear()
+
+    def _pull(self) -> None:
+        """Take the next chunk from the handler (or finish), keeping the last one back."""
+        try:
+            chunk = next(self.chunks)
+        except StopIteration:
+            self._finish()
+            return
+        except BaseException as exc:
+            self._close_source()
+            self.done = True
+            answer = self.execution.exchange.fail(exc, True)
+            self.execution.exchange.end()
+            if answer is None or self.execution.started:
+                raise
+            self.answer = answer
+            self.out.append(answer.body)
+            return
+        written = self.execution.written
+        if written:
+            for early in written:
+                self._capture(early)
+            written.clear()
+        self._capture(chunk)
+        if not self.hold and len(self.pending) > 1:
+            self.out.extend(self.pending[:-1])
+            del self.pending[:-1]
+
+    def _capture(self, chunk: bytes) -> None:
+        if not chunk:
+            return
+        if not self.omitted:
+            self.size += len(chunk)
+            if self.size > self.execution.exchange.flow.config.max_stored_body_size:
+                self.omitted = True
+                self.captured.clear()
+            else:
+                self.captured.append(chunk)
+        self.pending.append(chunk)
+
+    def _finish(self) -> None:
+        self._close_source()
+        for early in self.execution.written:
+            self._capture(early)
+        self.done = True
+        execution = self.execution
+        if not execution.status:
+            try:
+                execution.exchange.incomplete()
+            finally:
+                execution.exchange.end()
+            raise RuntimeError("the WSGI app returned without calling start_response")
+        try:
+            self.answer = execution.exchange.settle(
+                execution.status,
+                [(n.lower().encode("latin-1"), v.encode("latin-1")) for n, v in execution.headers],
+                b"".join(self.captured),
+                self.omitted,
+            )
+        finally:
+            execution.exchange.end()
+        if self.answer is not None:
+            self.out.append(self.answer.body)
+        else:
+            self.out.extend(self.pending)
+        self.pending = []
+
+    def _close_source(self) -> None:
+        if self.source_closed:
+            return
+        self.source_closed = True
+        close = getattr(self.source, "close", None)
+        if close is not None:
+            close()
+
+    def _record(self) -> str:
+        return self.execution.exchange.flow.record_id[:12]
