@@ -263,6 +263,7 @@ class Flow:
         "committed",
         "config",
         "fingerprint",
+        "holds_response",
         "in_tx",
         "record_id",
         "request",
@@ -289,12 +290,9 @@ class Flow:
         self.committed = False
         #: A transaction object is open for this request (transactional mode).
         self.in_tx = False
-
-    @property
-    def holds_response(self) -> bool:
-        """Whether no byte of the response may leave before :meth:`settle` (transactional mode:
-        the commit may still fail and turn the answer into a ``503``)."""
-        return self.config.transactional
+        #: No byte of the response may leave before :meth:`settle` (transactional mode: the
+        #: commit may still fail and turn the answer into a ``503``).
+        self.holds_response = config.transactional
 
     # -- claim -----------------------------------------------------------------------------
 
@@ -413,6 +411,17 @@ class Flow:
         yield from self._settle_plain(status, headers, body, omitted)
         return None
 
+    def settle_plain(
+        self,
+        status: int,
+        headers: list[tuple[bytes, bytes]] | tuple[tuple[bytes, bytes], ...],
+        body: bytes,
+        omitted: bool,
+    ) -> Steps:
+        """:meth:`settle` outside transactional mode (the hot path: one generator, no
+        delegation); the runner calls it when :attr:`in_tx` is false."""
+        return self._settle_plain(status, headers, body, omitted)
+
     def _settle_plain(
         self,
         status: int,
@@ -484,7 +493,10 @@ class Flow:
             # and the record commit together), so the retry replays or runs afresh.
             logger.error("transaction of %s failed: %s", self.record_id[:12], exc)
             yield from self._close_transaction()
-            yield from self._release()  # a no-op if the commit did land (the record is complete)
+            if self.committed:  # an effect outside the transaction happened: never rerun
+                yield from self._declare_unknown()
+            else:
+                yield from self._release()  # a no-op if the commit did land (record complete)
             return (
                 yield from self.unavailable(
                     "The transaction could not be committed; retry with the same key."
@@ -558,9 +570,9 @@ class Flow:
         else:
             yield from self._release()
 
-    def end(self) -> Steps | None:
-        """The request is over: the steps that close what is still open, if any."""
-        return self._close_transaction() if self.in_tx else None
+    def close(self) -> Steps:
+        """The request is over, whatever happened: close its transaction if still open."""
+        return self._close_transaction()
 
     def complete_later(self, data: bytes) -> Steps:
         """Keep trying to store a response after a store failure: while it is not stored the

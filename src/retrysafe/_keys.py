@@ -66,7 +66,11 @@ def parse_key(values: list[bytes]) -> str:
     if not _printable(value):
         raise InvalidKeyError("the key must be printable ASCII")
     if value[0] == '"':
-        key = _parse_sf_string(value)
+        inner = value[1:-1]
+        if len(value) > 1 and value[-1] == '"' and '"' not in inner and "\\" not in inner:
+            key = inner  # the common case (no escapes): no character-by-character walk
+        else:
+            key = _parse_sf_string(value)
     else:
         if any(ch in value for ch in ' "\\,'):
             raise InvalidKeyError(

@@ -342,8 +342,11 @@ class _Execution:
                     await self._forward(early)
         if self.held is not None:
             self.held.append(message)
-            return
-        await self._forward(message)
+        elif not self.client_gone:  # _forward, inlined: this runs for every response message
+            try:
+                await self.send(message)
+            except OSError:
+                self.client_gone = True
 
     async def _forward(self, message: Message) -> None:
         if self.client_gone:

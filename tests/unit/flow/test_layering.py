@@ -1,0 +1,164 @@
+"""The flow is sans-I/O: none of its modules imports an event loop, a thread primitive, a
+framework, or a runner, shell or store module (only the store *types* in ``stores/_base.py``).
+
+Read from the source with :mod:`ast` (every ``import``, including ones inside functions and
+under ``TYPE_CHECKING``), following imports within the package transitively. Importing the
+modules would not do: ``import retrysafe._flow`` runs ``retrysafe/__init__.py`` first, which
+loads the shells and stores.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterable
+from pathlib import Path
+
+import pytest
+
+import retrysafe
+
+PACKAGE = "retrysafe"
+ROOT = Path(retrysafe.__file__).parent
+
+FLOW_MODULES = frozenset(
+    f"{PACKAGE}.{name}"
+    for name in (
+        "_flow",
+        "_request",
+        "_scope",
+        "_keys",
+        "_fingerprint",
+        "_codec",
+        "_problems",
+        "_config",
+        "_errors",
+    )
+)
+#: The one module outside the flow it may use: the store protocols and record types.
+ALLOWED_INTERNAL = FLOW_MODULES | {f"{PACKAGE}.stores._base"}
+
+FORBIDDEN_EXTERNAL = frozenset(
+    {
+        "asyncio",
+        "threading",
+        "_thread",
+        "concurrent",
+        "multiprocessing",
+        "trio",
+        "anyio",
+        "sniffio",
+        "starlette",
+        "fastapi",
+        "django",
+        "flask",
+        "werkzeug",
+        "litestar",
+        "uvicorn",
+        "gunicorn",
+    }
+)
+
+
+def _path(module: str) -> Path | None:
+    """The source file of a package module, or ``None`` when there is none."""
+    parts = module.split(".")[1:]
+    base = ROOT.joinpath(*parts)
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _imports(module: str) -> tuple[set[str], set[str]]:
+    """``(package modules, top-level external names)`` that ``module``'s source imports."""
+    path = _path(module)
+    assert path is not None, f"no source for {module}"
+    is_package = path.name == "__init__.py"
+    package = module if is_package else module.rpartition(".")[0]
+    internal: set[str] = set()
+    external: set[str] = set()
+
+    def add(name: str, names: Iterable[str] = ()) -> None:
+        if name != PACKAGE and not name.startswith(PACKAGE + "."):
+            external.add(name.partition(".")[0])
+            return
+        found_submodule = False
+        for alias in names:  # ``from .stores import _base`` imports the module ``_base``
+            if alias != "*" and _path(f"{name}.{alias}") is not None:
+                internal.add(f"{name}.{alias}")
+                found_submodule = True
+        if not found_submodule:
+            internal.add(name)
+
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                add(alias.name)
+        elif isinstance(node, ast.ImportFrom):
+            names = [alias.name for alias in node.names]
+            if node.level == 0:
+                assert node.module is not None
+                if node.module != "__future__":
+                    add(node.module, names)
+                continue
+            base = package.split(".")
+            if node.level > 1:
+                base = base[: -(node.level - 1)]
+            target = ".".join(base + ([node.module] if node.module else []))
+            add(target, names)
+    return internal, external
+
+
+def _closure(start: Iterable[str]) -> dict[str, tuple[set[str], set[str]]]:
+    """Every package module reachable from ``start``, with what each imports."""
+    seen: dict[str, tuple[set[str], set[str]]] = {}
+    todo = list(start)
+    while todo:
+        module = todo.pop()
+        if module in seen:
+            continue
+        seen[module] = _imports(module)
+        todo.extend(m for m in seen[module][0] if _path(m) is not None)
+    return seen
+
+
+@pytest.mark.parametrize("module", sorted(FLOW_MODULES))
+def test_a_flow_module_imports_no_event_loop_thread_or_framework(module: str) -> None:
+    reached = _closure([module])
+    offenders = {
+        name: sorted(external & FORBIDDEN_EXTERNAL)
+        for name, (_, external) in reached.items()
+        if external & FORBIDDEN_EXTERNAL
+    }
+    assert offenders == {}
+
+
+@pytest.mark.parametrize("module", sorted(FLOW_MODULES))
+def test_a_flow_module_reaches_no_runner_shell_or_store_module(module: str) -> None:
+    reached = _closure([module])
+    outside = {
+        name: sorted(internal - ALLOWED_INTERNAL)
+        for name, (internal, _) in reached.items()
+        if internal - ALLOWED_INTERNAL
+    }
+    assert outside == {}
+    assert set(reached) <= ALLOWED_INTERNAL
+
+
+def test_the_flow_reaches_what_it_is_built_from() -> None:
+    # Guards the resolver itself: if it lost track of relative imports this would shrink.
+    assert set(_closure([f"{PACKAGE}._flow"])) == ALLOWED_INTERNAL
+
+
+def test_the_check_sees_asyncio_behind_the_async_runner() -> None:
+    # The runner imports asyncio only through ``_async/_keeper.py``: found transitively.
+    reached = _closure([f"{PACKAGE}._async.runner"])
+    assert "asyncio" in reached[f"{PACKAGE}._async._keeper"][1]
+    assert "asyncio" not in reached[f"{PACKAGE}._async.runner"][1]
+    assert f"{PACKAGE}._transaction" in reached[f"{PACKAGE}._async.runner"][0]
+
+
+def test_the_check_resolves_parent_relative_and_submodule_imports() -> None:
+    internal, external = _imports(f"{PACKAGE}._async.runner")
+    assert {f"{PACKAGE}._flow", f"{PACKAGE}.stores._base", f"{PACKAGE}._async._keeper"} <= internal
+    assert "collections" in external
