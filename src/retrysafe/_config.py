@@ -16,6 +16,7 @@ __all__ = [
     "IdempotencyConfig",
     "RouteOptions",
     "ScopeResolver",
+    "front_config",
 ]
 
 #: Returns the principal a request acts for ("" for global), given the neutral request (the same
@@ -229,3 +230,27 @@ class RouteOptions:
         _positive("lease", self.lease)
         if self.on_conflict not in (None, "reject", "wait"):
             raise ConfigurationError("on_conflict must be 'reject' or 'wait'")
+
+
+def front_config(
+    config: IdempotencyConfig | None, options: Mapping[str, Any], store: object
+) -> IdempotencyConfig:
+    """The settings a front (middleware, extension) was given, checked against its store.
+
+    Args:
+        config: ``config=``, or ``None``.
+        options: the keyword options (fields of :class:`IdempotencyConfig`).
+        store: the resolved store.
+
+    Raises:
+        ConfigurationError: both or bad settings, or transactional mode without a SQL store.
+    """
+    if config is not None and options:
+        raise ConfigurationError("pass either config= or keyword options, not both")
+    resolved = config if config is not None else IdempotencyConfig(**options)
+    if resolved.transactional and not callable(getattr(store, "begin", None)):
+        raise ConfigurationError(
+            f"transactional=True needs a SQL store (SQLite or PostgreSQL), not "
+            f"{type(store).__name__}"
+        )
+    return resolved

@@ -59,6 +59,7 @@ __all__ = [
     "TX_STATE",
     "Action",
     "Answer",
+    "Capture",
     "Decision",
     "Flow",
     "admit",
@@ -130,6 +131,40 @@ class Answer:
 
     def __repr__(self) -> str:
         return f"<Answer {self.status}>"
+
+
+class Capture:
+    """The handler's response body as it will be stored: every chunk up to
+    ``max_stored_body_size``; past it none (the record keeps status and headers, and its replay
+    carries ``Idempotency-Body-Omitted: true``).
+
+    Args:
+        limit: ``max_stored_body_size``.
+    """
+
+    __slots__ = ("chunks", "limit", "omitted", "size")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.chunks: list[bytes] = []
+        self.size = 0
+        self.omitted = False
+
+    def add(self, chunk: bytes) -> None:
+        """Capture one body chunk."""
+        if chunk and not self.omitted:
+            self.size += len(chunk)
+            if self.size > self.limit:
+                self.omitted = True
+                self.chunks.clear()
+            else:
+                self.chunks.append(chunk)
+
+    @property
+    def body(self) -> bytes:
+        """The captured body (empty when omitted)."""
+        chunks = self.chunks
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 def problem(

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["Request"]
+__all__ = ["Request", "content_length"]
 
 
 class Request:
@@ -76,3 +76,11 @@ class Request:
 
     def __repr__(self) -> str:
         return f"<Request {self.method} {self.path}>"
+
+
+def content_length(value: bytes | str) -> int:
+    """The declared body length of a ``Content-Length`` value, ``-1`` when absent or unreadable."""
+    try:
+        return int(value) if value else -1
+    except ValueError:
+        return -1

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, Literal, TypeVar
 
-from ._config import RouteOptions, ScopeResolver
+from ._config import IdempotencyConfig, RouteOptions, ScopeResolver
 
 __all__ = ["ROUTE_OPTIONS_ATTR", "find_route_options", "idempotent"]
 
@@ -70,10 +70,24 @@ def _marked_routes(routes: Any) -> list[tuple[Any, RouteOptions]]:
 
 
 class RouteTable:
-    """Caches, per app object, the routes that carry options."""
+    """Caches, per app object, the routes that carry options, and the settings they give."""
 
     def __init__(self) -> None:
         self._by_app: dict[int, tuple[int, list[tuple[Any, RouteOptions]]]] = {}
+        self._configs: dict[int, IdempotencyConfig] = {}
+
+    def config(self, scope: Mapping[str, Any], base: IdempotencyConfig) -> IdempotencyConfig | None:
+        """The settings of this request's route (``base`` with the route's overrides), or
+        ``None`` when the route opted out (``enabled=False``)."""
+        options = self.lookup(scope)
+        if options is None:
+            return base
+        if not options.enabled:
+            return None
+        config = self._configs.get(id(options))
+        if config is None:
+            config = self._configs[id(options)] = base.with_route(options)
+        return config
 
     def lookup(self, scope: Mapping[str, Any]) -> RouteOptions | None:
         """Return the options of the marked route this request goes to, if any."""

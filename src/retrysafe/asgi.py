@@ -4,9 +4,8 @@ Works in any ASGI app: Starlette, FastAPI, Litestar, or a bare ASGI callable::
 
     app = IdempotencyMiddleware(app, store="sqlite:///idempotency.db")
 
-A thin shell: it builds the neutral request from the scope, reads the body within the limit,
-captures the response through a send hook and forwards the flow's answers. Every decision is
-made by :mod:`retrysafe._flow`, performed by the async runner.
+A thin shell: it translates ASGI to the neutral request, reads the body within the limit and
+captures the response through a send hook; :mod:`retrysafe._flow` decides everything else.
 """
 
 from __future__ import annotations
@@ -17,10 +16,9 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from ._async.runner import AsyncExchange, AsyncRunner
-from ._config import IdempotencyConfig, RouteOptions
-from ._errors import ConfigurationError
-from ._flow import EXECUTE, RUN_UNPROTECTED, Answer, Flow, admit, notify, too_large
-from ._request import Request
+from ._config import IdempotencyConfig, front_config
+from ._flow import EXECUTE, RUN_UNPROTECTED, Answer, Capture, Flow, admit, notify, too_large
+from ._request import Request, content_length
 from ._routes import RouteTable
 from ._transaction import CONTEXT_SCOPE_KEY
 from .stores import AsyncStore, Store, resolve_async_store
@@ -47,43 +45,32 @@ def _forget(task: asyncio.Future[None]) -> None:
 
 
 class _RequestTooLarge(Exception):
-    pass
+    """The body grew past ``max_body_size`` while it was read."""
 
 
 class _ClientGone(Exception):
-    pass
+    """The client left before its body was read."""
 
 
 def request_from_scope(scope: Scope) -> Request:
     """Build the neutral request from an ASGI HTTP scope, in one pass over its headers."""
     headers = scope["headers"]
     keys: list[bytes] = []
-    content_length = -1
-    content_type = b""
-    authorization = b""
+    length = content_type = authorization = b""
     for name, value in headers:
         if name == b"idempotency-key":
             keys.append(value)
         elif name == b"content-length":
-            try:
-                content_length = int(value)
-            except ValueError:
-                content_length = -1
+            length = value
         elif name == b"content-type":
             content_type = value
         elif name == b"authorization":
             authorization = value
+    method, path, query = scope["method"], scope["path"], scope.get("query_string", b"")
     return Request(
-        scope["method"],
-        scope["path"],
-        scope.get("query_string", b""),
-        keys,
-        content_length,
-        content_type,
-        authorization,
-        scope.get("user"),
-        headers,
-    )
+        method, path, query, keys, content_length(length), content_type, authorization,
+        scope.get("user"), headers,
+    )  # fmt: skip
 
 
 class IdempotencyMiddleware:
@@ -108,64 +95,45 @@ class IdempotencyMiddleware:
         config: IdempotencyConfig | None = None,
         **options: Any,
     ) -> None:
-        if config is not None and options:
-            raise ConfigurationError("pass either config= or keyword options, not both")
         self.app = app
-        self.config = config if config is not None else IdempotencyConfig(**options)
         self.store = resolve_async_store(store)
-        if self.config.transactional and not callable(getattr(self.store, "begin", None)):
-            raise ConfigurationError(
-                f"transactional=True needs a SQL store (SQLite or PostgreSQL), not "
-                f"{type(self.store).__name__}"
-            )
+        self.config = front_config(config, options, self.store)
         self._runner = AsyncRunner(self.store)
         self._routes = RouteTable()
-        self._route_configs: dict[int, IdempotencyConfig] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] not in self.config.methods:
             await self.app(scope, receive, send)
             return
-        options = self._routes.lookup(scope)
-        if options is not None and not options.enabled:
+        config = self._routes.config(scope, self.config)
+        if config is None:  # the route opted out
             await self.app(scope, receive, send)
             return
-        config = self._config_for(options)
         request = request_from_scope(scope)
         admitted = admit(request, config)
         if admitted is None:
             await self.app(scope, receive, send)
             return
+        if not isinstance(admitted, Answer):
+            try:
+                body = await _read_body(receive, config.max_body_size)
+            except _RequestTooLarge:
+                admitted = too_large(config)
+            except _ClientGone:
+                return  # the client left before sending its body: nothing ran, nothing to answer
         if isinstance(admitted, Answer):
             notify(config, admitted.event or "", request, "")
             await _send_answer(send, admitted)
             return
-        try:
-            body = await _read_body(receive, config.max_body_size)
-        except _RequestTooLarge:
-            answer = too_large(config)
-            notify(config, "too_large", request, "")
-            await _send_answer(send, answer)
-            return
-        except _ClientGone:
-            return  # the client left before sending its body: nothing ran, nothing to answer
         exchange = AsyncExchange(self._runner, Flow(config, request, admitted, body))
         verdict = await exchange.claim()
         if verdict is EXECUTE:
             await _Execution(self.app, exchange, scope, receive, send, body).run()
         elif verdict is RUN_UNPROTECTED:
-            await self.app(scope, _Replayed(receive, body, None), send)
+            await self.app(scope, _body_then(receive, body), send)
         else:
             assert isinstance(verdict, Answer)
             await _send_answer(send, verdict)
-
-    def _config_for(self, options: RouteOptions | None) -> IdempotencyConfig:
-        if options is None:
-            return self.config
-        config = self._route_configs.get(id(options))
-        if config is None:
-            config = self._route_configs[id(options)] = self.config.with_route(options)
-        return config
 
 
 async def _read_body(receive: Receive, limit: int) -> bytes:
@@ -195,50 +163,19 @@ async def _send_answer(send: Send, answer: Answer) -> None:
         pass  # the client went away; nothing is lost (nothing ran, or the record is stored)
 
 
-class _Replayed:
-    """The app's receive: the body already read, then the server's messages. When ``execution``
-    is given, a disconnect is hidden from the handler, so a protected handler runs to completion
-    and its response is stored (guarantee 4): Starlette's StreamingResponse would otherwise stop
-    at the disconnect."""
+def _body_then(receive: Receive, body: bytes) -> Receive:
+    """The app's receive when it runs unprotected (fail-open): the body, then the server's."""
+    messages = [{"type": "http.request", "body": body, "more_body": False}]
 
-    __slots__ = ("body", "execution", "receive")
+    async def app_receive() -> Any:
+        return messages.pop() if messages else await receive()
 
-    def __init__(self, receive: Receive, body: bytes | None, execution: _Execution | None) -> None:
-        self.receive = receive
-        self.body = body
-        self.execution = execution
-
-    async def __call__(self) -> Message:
-        if self.body is not None:
-            body, self.body = self.body, None
-            return {"type": "http.request", "body": body, "more_body": False}
-        message: Message = await self.receive()
-        if self.execution is not None and message["type"] == "http.disconnect":
-            self.execution.client_gone = True
-            await asyncio.Event().wait()
-        return message
+    return app_receive
 
 
 class _Execution:
     """The handler of one keyed request, run with a send hook that captures its response and
     settles before the last body chunk is forwarded."""
-
-    __slots__ = (
-        "app",
-        "body",
-        "chunks",
-        "client_gone",
-        "exchange",
-        "headers",
-        "held",
-        "omitted",
-        "receive",
-        "scope",
-        "send",
-        "settled",
-        "size",
-        "status",
-    )
 
     def __init__(
         self,
@@ -250,16 +187,14 @@ class _Execution:
         body: bytes,
     ) -> None:
         self.app = app
-        self.body = body
+        self.body: bytes | None = body
         self.exchange = exchange
         self.scope = scope
         self.receive = receive
         self.send = send
         self.status = 0
         self.headers: list[tuple[bytes, bytes]] = []
-        self.chunks: list[bytes] = []
-        self.size = 0
-        self.omitted = False
+        self.capture = Capture(exchange.flow.config.max_stored_body_size)
         self.settled = False
         self.client_gone = False
         # Transactional mode: nothing leaves before the commit, which may still fail.
@@ -286,9 +221,8 @@ class _Execution:
     async def _run(self) -> None:
         exchange = self.exchange
         exchange.start()
-        receive = _Replayed(self.receive, self.body, self)
         try:
-            await self.app(self.scope, receive, self._send)
+            await self.app(self.scope, self._receive, self._send)
         except BaseException as exc:
             if self.settled:
                 raise
@@ -305,13 +239,24 @@ class _Execution:
     def _detach(self) -> bool:
         mode = self.exchange.flow.config.detach_handler
         if mode == "auto":
-            # uvicorn never cancels a request task when its client goes away (it reports
-            # http.disconnect and turns send into a no-op), so the task is not needed there.
-            # receive, not send: frameworks wrap send (Starlette's error middleware does) but
-            # pass the server's receive through.
+            # uvicorn never cancels a request when its client goes away (it reports
+            # http.disconnect), so no task is needed there. Told by receive, not send: frameworks
+            # wrap send (Starlette's error middleware does) but pass the server's receive on.
             server = getattr(self.receive, "__self__", None)
             return not type(server).__module__.startswith("uvicorn.")
         return mode == "always"
+
+    async def _receive(self) -> Message:
+        if self.body is not None:
+            body, self.body = self.body, None
+            return {"type": "http.request", "body": body, "more_body": False}
+        message: Message = await self.receive()
+        if message["type"] == "http.disconnect":
+            # A protected handler runs to completion so its response is stored (guarantee 4);
+            # Starlette's StreamingResponse would otherwise stop at the disconnect.
+            self.client_gone = True
+            await asyncio.Event().wait()
+        return message
 
     async def _send(self, message: Message) -> None:
         kind = message["type"]
@@ -319,20 +264,14 @@ class _Execution:
             self.status = message["status"]
             self.headers = message.get("headers", [])
         elif kind == "http.response.body":
-            chunk = message.get("body", b"")
-            if chunk and not self.omitted:
-                self.size += len(chunk)
-                if self.size > self.exchange.flow.config.max_stored_body_size:
-                    self.omitted = True
-                    self.chunks.clear()
-                else:
-                    self.chunks.append(chunk)
+            capture = self.capture
+            capture.add(message.get("body", b""))
             if not message.get("more_body", False) and not self.settled:
                 self.settled = True
                 # Settle before the last byte leaves, so a client that got the answer and
                 # retries at once is replayed, never told "in progress".
                 answer = await self.exchange.settle(
-                    self.status, self.headers, b"".join(self.chunks), self.omitted
+                    self.status, self.headers, capture.body, capture.omitted
                 )
                 held, self.held = self.held, None
                 if answer is not None:
@@ -342,11 +281,8 @@ class _Execution:
                     await self._forward(early)
         if self.held is not None:
             self.held.append(message)
-        elif not self.client_gone:  # _forward, inlined: this runs for every response message
-            try:
-                await self.send(message)
-            except OSError:
-                self.client_gone = True
+        else:
+            await self._forward(message)
 
     async def _forward(self, message: Message) -> None:
         if self.client_gone:
@@ -360,7 +296,5 @@ class _Execution:
 
     async def _forward_answer(self, answer: Answer) -> None:
         self.held = None
-        await self._forward(
-            {"type": "http.response.start", "status": answer.status, "headers": answer.headers}
-        )
-        await self._forward({"type": "http.response.body", "body": answer.body, "more_body": False})
+        if not self.client_gone:
+            await _send_answer(self.send, answer)

@@ -20,10 +20,9 @@ from http import HTTPStatus
 from types import TracebackType
 from typing import Any
 
-from ._config import IdempotencyConfig
-from ._errors import ConfigurationError
-from ._flow import EXECUTE, RUN_UNPROTECTED, Answer, Flow, admit, notify, too_large
-from ._request import Request
+from ._config import IdempotencyConfig, front_config
+from ._flow import EXECUTE, RUN_UNPROTECTED, Answer, Capture, Flow, admit, notify, too_large
+from ._request import Request, content_length
 from ._sync.runner import Exchange, Runner
 from ._transaction import CONTEXT_SCOPE_KEY, context_transaction
 from .stores import Store, resolve_store
@@ -67,16 +66,12 @@ def request_from_environ(environ: Mapping[str, Any]) -> Request:
     length = environ.get("CONTENT_LENGTH", "")
     if length:
         headers.append((b"content-length", length.encode("latin-1")))
-    try:
-        content_length = int(length) if length else -1
-    except ValueError:
-        content_length = -1
     return Request(
         environ.get("REQUEST_METHOD", "GET"),
         environ.get("PATH_INFO", "") or "/",
         environ.get("QUERY_STRING", "").encode("latin-1"),
         keys,
-        content_length,
+        content_length(length),
         content_type,
         authorization,
         environ.get("REMOTE_USER") or None,
@@ -106,16 +101,9 @@ class IdempotencyMiddleware:
         config: IdempotencyConfig | None = None,
         **options: Any,
     ) -> None:
-        if config is not None and options:
-            raise ConfigurationError("pass either config= or keyword options, not both")
         self.app = app
-        self.config = config if config is not None else IdempotencyConfig(**options)
         self.store = resolve_store(store)
-        if self.config.transactional and not callable(getattr(self.store, "begin", None)):
-            raise ConfigurationError(
-                f"transactional=True needs a SQL store (SQLite or PostgreSQL), not "
-                f"{type(self.store).__name__}"
-            )
+        self.config = front_config(config, options, self.store)
         self._runner = Runner(self.store)
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
@@ -126,18 +114,18 @@ class IdempotencyMiddleware:
         admitted = admit(request, config)
         if admitted is None:
             return self.app(environ, start_response)
+        if not isinstance(admitted, Answer):
+            try:
+                body = _read_body(environ, request.content_length, config.max_body_size)
+            except _RequestTooLarge:
+                admitted = too_large(config)
+            except _ClientGone:
+                # The body ended before its declared length: the client left; nothing runs.
+                start_response("400 Bad Request", [("Content-Length", "0")])
+                return []
         if isinstance(admitted, Answer):
             notify(config, admitted.event or "", request, "")
             return _respond(start_response, admitted)
-        try:
-            body = _read_body(environ, request.content_length, config.max_body_size)
-        except _RequestTooLarge:
-            notify(config, "too_large", request, "")
-            return _respond(start_response, too_large(config))
-        except _ClientGone:
-            # The body ended before its declared length: the client left; nothing runs.
-            start_response("400 Bad Request", [("Content-Length", "0")])
-            return []
         environ["wsgi.input"] = io.BytesIO(body)
         environ["CONTENT_LENGTH"] = str(len(body))
         exchange = Exchange(self._runner, Flow(config, request, admitted, body))
@@ -290,9 +278,7 @@ class _Body:
         self.hold = execution.exchange.flow.holds_response
         self.source: Iterable[bytes] = ()
         self.chunks: Iterator[bytes] = iter(())
-        self.captured: list[bytes] = []
-        self.size = 0
-        self.omitted = False
+        self.capture = Capture(execution.exchange.flow.config.max_stored_body_size)
         self.pending: list[bytes] = []  # captured, not yet handed to the server
         self.out: deque[bytes] = deque()
         self.answer: Answer | None = None
@@ -350,16 +336,9 @@ class _Body:
             del self.pending[:-1]
 
     def _capture(self, chunk: bytes) -> None:
-        if not chunk:
-            return
-        if not self.omitted:
-            self.size += len(chunk)
-            if self.size > self.execution.exchange.flow.config.max_stored_body_size:
-                self.omitted = True
-                self.captured.clear()
-            else:
-                self.captured.append(chunk)
-        self.pending.append(chunk)
+        if chunk:
+            self.capture.add(chunk)
+            self.pending.append(chunk)
 
     def _finish(self) -> None:
         self._close_source()
@@ -377,8 +356,8 @@ class _Body:
             self.answer = execution.exchange.settle(
                 execution.status,
                 [(n.lower().encode("latin-1"), v.encode("latin-1")) for n, v in execution.headers],
-                b"".join(self.captured),
-                self.omitted,
+                self.capture.body,
+                self.capture.omitted,
             )
         finally:
             execution.exchange.end()
