@@ -12,7 +12,14 @@ from typing import Any, Literal, TypeVar
 
 from ._config import IdempotencyConfig, RouteOptions, ScopeResolver
 
-__all__ = ["ROUTE_OPTIONS_ATTR", "find_route_options", "idempotent"]
+__all__ = [
+    "ROUTE_OPTIONS_ATTR",
+    "RouteTable",
+    "find_route_options",
+    "idempotent",
+    "route_config",
+    "route_options",
+]
 
 ROUTE_OPTIONS_ATTR = "__retrysafe_options__"
 
@@ -59,6 +66,27 @@ def idempotent(
     return mark
 
 
+def route_options(endpoint: Any) -> RouteOptions | None:
+    """The options ``@idempotent`` put on an endpoint (a view function), if any."""
+    options = getattr(endpoint, ROUTE_OPTIONS_ATTR, None)
+    return options if isinstance(options, RouteOptions) else None
+
+
+def route_config(
+    cache: dict[int, IdempotencyConfig], options: RouteOptions | None, base: IdempotencyConfig
+) -> IdempotencyConfig | None:
+    """``base`` with a route's overrides (merged once per options object, cached in ``cache``),
+    or ``None`` when the route opted out (``enabled=False``)."""
+    if options is None:
+        return base
+    if not options.enabled:
+        return None
+    config = cache.get(id(options))
+    if config is None:
+        config = cache[id(options)] = base.with_route(options)
+    return config
+
+
 def _marked_routes(routes: Any) -> list[tuple[Any, RouteOptions]]:
     found: list[tuple[Any, RouteOptions]] = []
     for route in routes or ():
@@ -79,15 +107,7 @@ class RouteTable:
     def config(self, scope: Mapping[str, Any], base: IdempotencyConfig) -> IdempotencyConfig | None:
         """The settings of this request's route (``base`` with the route's overrides), or
         ``None`` when the route opted out (``enabled=False``)."""
-        options = self.lookup(scope)
-        if options is None:
-            return base
-        if not options.enabled:
-            return None
-        config = self._configs.get(id(options))
-        if config is None:
-            config = self._configs[id(options)] = base.with_route(options)
-        return config
+        return route_config(self._configs, self.lookup(scope), base)
 
     def lookup(self, scope: Mapping[str, Any]) -> RouteOptions | None:
         """Return the options of the marked route this request goes to, if any."""

@@ -20,9 +20,10 @@ from http import HTTPStatus
 from types import TracebackType
 from typing import Any
 
-from ._config import IdempotencyConfig, front_config
+from ._config import IdempotencyConfig, RouteOptions, front_config
 from ._flow import EXECUTE, RUN_UNPROTECTED, Answer, Capture, Flow, admit, notify, too_large
 from ._request import Request, content_length
+from ._routes import route_config
 from ._sync.runner import Exchange, Runner
 from ._transaction import CONTEXT_SCOPE_KEY, context_transaction
 from .stores import Store, resolve_store
@@ -87,6 +88,9 @@ class IdempotencyMiddleware:
         store: a store URL (``"sqlite:///idempotency.db"``, ``"redis://..."``) or a synchronous
             store.
         config: the settings; or pass them as keyword arguments instead.
+        route_options: given the environ, the :class:`~retrysafe.RouteOptions` of the route the
+            request goes to (e.g. what ``@idempotent`` put on the view a framework's URL map
+            resolves), or ``None`` for the app-wide settings. Framework integrations pass it.
         **options: fields of :class:`~retrysafe.IdempotencyConfig`.
 
     Raises:
@@ -99,17 +103,26 @@ class IdempotencyMiddleware:
         *,
         store: str | Store,
         config: IdempotencyConfig | None = None,
+        route_options: Callable[[dict[str, Any]], RouteOptions | None] | None = None,
         **options: Any,
     ) -> None:
         self.app = app
         self.store = resolve_store(store)
         self.config = front_config(config, options, self.store)
+        self.route_options = route_options
         self._runner = Runner(self.store)
+        self._configs: dict[int, IdempotencyConfig] = {}
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
-        config = self.config
-        if environ.get("REQUEST_METHOD") not in config.methods:
+        base = self.config
+        if environ.get("REQUEST_METHOD") not in base.methods:
             return self.app(environ, start_response)
+        config = base
+        if self.route_options is not None:
+            routed = route_config(self._configs, self.route_options(environ), base)
+            if routed is None:  # the route opted out
+                return self.app(environ, start_response)
+            config = routed
         request = request_from_environ(environ)
         admitted = admit(request, config)
         if admitted is None:
