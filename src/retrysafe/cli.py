@@ -45,16 +45,17 @@ def _scope_of(args: argparse.Namespace) -> str:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    try:
-        import uvicorn
+    from .demo.serve import SERVERS
 
-        from .demo.app import create_app
+    print(
+        f"OrderHub ({args.framework}) on http://{args.host}:{args.port}/ (store {args.store})",
+        flush=True,
+    )
+    try:
+        SERVERS[args.framework](args)
     except ImportError as exc:
         print(f"retrysafe demo needs: pip install 'retrysafe[demo]' ({exc})", file=sys.stderr)
         return 2
-    app = create_app(store=args.store, db=args.db, ttl=args.ttl, lease=args.lease)
-    print(f"OrderHub on http://{args.host}:{args.port}/ (store {args.store})", flush=True)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
     return 0
 
 
@@ -150,6 +151,11 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--ttl", type=float, default=24 * 3600.0, help="retention, seconds")
     demo.add_argument("--lease", type=float, default=30.0, help="lease, seconds")
     demo.add_argument("--log-level", default="info")
+    from .demo.serve import SERVERS
+
+    demo.add_argument(
+        "--framework", choices=list(SERVERS), default=next(iter(SERVERS)), help="which OrderHub"
+    )
     demo.set_defaults(func=_demo)
 
     purge = sub.add_parser("purge", help="delete expired records")

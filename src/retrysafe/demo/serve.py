@@ -1,0 +1,28 @@
+"""Serving OrderHub on each framework: ``retrysafe demo --framework NAME``.
+
+Each entry of :data:`SERVERS` builds that framework's OrderHub (the same HTTP contract, DESIGN
+section 5) and serves it in the foreground until interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+
+__all__ = ["SERVERS", "serve_starlette"]
+
+
+def serve_starlette(args: argparse.Namespace) -> None:
+    """OrderHub on Starlette, served by uvicorn (one process)."""
+    import uvicorn
+
+    from .app import create_app
+
+    app = create_app(store=args.store, db=args.db, ttl=args.ttl, lease=args.lease)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+
+
+#: framework name -> server; the first is the default (what ``make demo`` serves).
+SERVERS: dict[str, Callable[[argparse.Namespace], None]] = {
+    "starlette": serve_starlette,
+}
