@@ -1,0 +1,86 @@
+"""System checks of ``settings.RETRYSAFE`` (``manage.py check``): a bad store URL or option is
+reported with a clear message before the first request."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.apps import apps
+from django.conf import settings
+from django.core.checks import CheckMessage, Error, Warning, register
+
+from ..._errors import ConfigurationError
+from .conf import is_django_store, load_settings
+
+__all__ = ["check_settings"]
+
+MIDDLEWARE_PATH = "retrysafe.contrib.django.IdempotencyMiddleware"
+_MIDDLEWARE_PATHS = {MIDDLEWARE_PATH, "retrysafe.contrib.django.middleware.IdempotencyMiddleware"}
+
+
+@register("retrysafe")
+def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """Validate ``settings.RETRYSAFE``: the options, the store URL (its scheme, extra and, for
+    the ``django`` store, the database alias and the installed app) and the middleware order.
+    No store is contacted."""
+    from .middleware import sync_store
+
+    errors: list[CheckMessage] = []
+    try:
+        loaded = load_settings()
+    except ConfigurationError as exc:
+        return [
+            Error(str(exc), hint="See the RETRYSAFE settings in the README.", id="retrysafe.E001")
+        ]
+    try:
+        store = sync_store(loaded.store)
+    except ConfigurationError as exc:
+        errors.append(
+            Error(
+                f"RETRYSAFE['STORE']: {exc}",
+                hint="Use django, django://<alias>, memory://, sqlite:///file.db, "
+                "postgresql://... or redis://...",
+                id="retrysafe.E002",
+            )
+        )
+        store = None
+    if store is not None:
+        if loaded.config.transactional and not callable(getattr(store, "begin", None)):
+            errors.append(
+                Error(
+                    f"RETRYSAFE['TRANSACTIONAL'] needs a SQL store, not {type(store).__name__}",
+                    id="retrysafe.E003",
+                )
+            )
+        if isinstance(loaded.store, str) and not is_django_store(loaded.store):
+            store.close()
+    if is_django_store(loaded.store) and not apps.is_installed("retrysafe.contrib.django"):
+        errors.append(
+            Error(
+                "RETRYSAFE['STORE'] is the django store but its app is not installed",
+                hint="Add 'retrysafe.contrib.django' to INSTALLED_APPS, then manage.py migrate.",
+                id="retrysafe.E004",
+            )
+        )
+    middleware = list(getattr(settings, "MIDDLEWARE", None) or [])
+    found = [i for i, path in enumerate(middleware) if path in _MIDDLEWARE_PATHS]
+    if not found:
+        errors.append(
+            Warning(
+                "the retrysafe middleware is not in MIDDLEWARE: nothing is protected",
+                hint=f"Add {MIDDLEWARE_PATH!r} after AuthenticationMiddleware.",
+                id="retrysafe.W001",
+            )
+        )
+    else:
+        auth = "django.contrib.auth.middleware.AuthenticationMiddleware"
+        if auth in middleware and middleware.index(auth) > found[0]:
+            errors.append(
+                Error(
+                    "the retrysafe middleware comes before AuthenticationMiddleware: keys would "
+                    "not be scoped by request.user",
+                    hint="Move it after django.contrib.auth.middleware.AuthenticationMiddleware.",
+                    id="retrysafe.E005",
+                )
+            )
+    return errors

@@ -1,0 +1,415 @@
+"""The Django ORM store: records in a table of a Django database (``"django"`` or
+``"django://<alias>"``), created by ``manage.py migrate``.
+
+Every operation is one SQL statement on Django's own connection of the calling thread, in
+autocommit (reserve is an ``INSERT ... ON CONFLICT DO UPDATE ... WHERE ... RETURNING``, atomic on
+SQLite and PostgreSQL alike). In transactional mode :meth:`DjangoStore.begin` gives a transaction
+that wraps the view in ``transaction.atomic(using=alias)`` on the request's connection and writes
+the completion record inside it, so the view's ORM writes and the stored response commit
+together, or neither does.
+
+Times come from the app host's clock (as with the SQLite store): hosts sharing a PostgreSQL
+database through this store must keep their clocks in sync (NTP); the ``postgresql://`` URL store
+uses the database server's clock instead.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from asgiref.sync import sync_to_async
+from django.db import (
+    DEFAULT_DB_ALIAS,
+    DatabaseError,
+    InterfaceError,
+    OperationalError,
+    connections,
+    transaction,
+)
+
+from ..._errors import ConfigurationError, StoreError, StoreUnavailableError
+from ...stores._base import Record, Reservation, new_token
+
+__all__ = [
+    "AsyncDjangoStore",
+    "AsyncDjangoTransaction",
+    "DjangoStore",
+    "DjangoTransaction",
+    "current_route",
+    "parse_django_url",
+]
+
+T = TypeVar("T")
+
+TABLE = "retrysafe_record"
+_PURGE_BATCH = 1000
+
+#: The route label (``"POST /orders/<int:pk>"``) the middleware sets around a reservation, so
+#: the admin can show where a record came from (the store protocol carries no route).
+current_route: contextvars.ContextVar[str] = contextvars.ContextVar("retrysafe_route", default="")
+
+
+def parse_django_url(url: str) -> str:
+    """The database alias of ``django`` / ``django://`` / ``django://<alias>``.
+
+    Raises:
+        ConfigurationError: not a django store URL, or the alias is not in ``DATABASES``.
+    """
+    alias: str
+    if url == "django":
+        alias = DEFAULT_DB_ALIAS
+    elif url.startswith("django://"):
+        alias = str(url[len("django://") :].strip("/") or DEFAULT_DB_ALIAS)
+    else:
+        raise ConfigurationError(f"not a django store URL: {url!r} (use 'django://<alias>')")
+    if alias not in connections.settings:
+        known = ", ".join(sorted(connections.settings)) or "none"
+        raise ConfigurationError(
+            f"store {url!r}: no database {alias!r} in settings.DATABASES (known: {known})"
+        )
+    return alias
+
+
+def _store_error(operation: str, exc: Exception) -> StoreError:
+    if isinstance(exc, OperationalError | InterfaceError):
+        return StoreUnavailableError(f"Django store {operation} failed: {exc}", store="django")
+    return StoreError(f"Django store {operation} failed: {exc}", store="django")
+
+
+class DjangoStore:
+    """Keeps records in the ``retrysafe_record`` table of a Django database.
+
+    Args:
+        alias: the database alias (``settings.DATABASES`` key).
+        clock: returns the current time in seconds (injectable for tests).
+    """
+
+    def __init__(self, alias: str = DEFAULT_DB_ALIAS, *, clock: Callable[[], float] = time.time):
+        self.alias = alias
+        self._clock = clock
+        self._sql: dict[str, str] | None = None
+
+    @classmethod
+    def from_url(cls, url: str) -> DjangoStore:
+        """Build from ``django`` or ``django://<alias>``."""
+        return cls(parse_django_url(url))
+
+    @property
+    def vendor(self) -> str:
+        """The database vendor (``"sqlite"``, ``"postgresql"``)."""
+        vendor: str = connections[self.alias].vendor
+        return vendor
+
+    def _statements(self) -> dict[str, str]:
+        if self._sql is None:
+            ops = connections[self.alias].ops
+            t = ops.quote_name(TABLE)
+            self._sql = {
+                "reserve": (
+                    f"INSERT INTO {t} (id, fingerprint, state, token, lease_expires_at, "
+                    "expires_at, created_at, route, response) "
+                    "VALUES (%s, %s, 0, %s, %s, %s, %s, %s, NULL) "
+                    "ON CONFLICT (id) DO UPDATE SET fingerprint = excluded.fingerprint, "
+                    "state = 0, token = excluded.token, "
+                    "lease_expires_at = excluded.lease_expires_at, "
+                    "expires_at = excluded.expires_at, created_at = excluded.created_at, "
+                    "route = excluded.route, response = NULL "
+                    f"WHERE {t}.expires_at <= %s OR ({t}.state = 0 AND {t}.lease_expires_at <= %s) "
+                    "RETURNING token"
+                ),
+                "get": (
+                    f"SELECT fingerprint, state, lease_expires_at, response FROM {t} "
+                    "WHERE id = %s AND expires_at > %s"
+                ),
+                "renew": (
+                    f"UPDATE {t} SET lease_expires_at = %s "
+                    "WHERE id = %s AND token = %s AND state IN (0, 2)"
+                ),
+                "mark_committed": (
+                    f"UPDATE {t} SET state = 2, lease_expires_at = %s "
+                    "WHERE id = %s AND token = %s AND state IN (0, 2)"
+                ),
+                "complete": (
+                    f"UPDATE {t} SET state = 1, response = %s, expires_at = %s, token = NULL "
+                    "WHERE id = %s AND token = %s AND state IN (0, 2)"
+                ),
+                "release": f"DELETE FROM {t} WHERE id = %s AND token = %s AND state IN (0, 2)",
+                "delete": f"DELETE FROM {t} WHERE id = %s",
+                "purge": (
+                    f"DELETE FROM {t} WHERE id IN "
+                    f"(SELECT id FROM {t} WHERE expires_at <= %s LIMIT {_PURGE_BATCH})"
+                ),
+            }
+        return self._sql
+
+    def _run(self, name: str, params: list[Any]) -> tuple[int, list[tuple[Any, ...]]]:
+        """Run one statement; returns (rowcount, rows)."""
+        conn = connections[self.alias]
+        try:
+            with conn.cursor() as cursor:
+                cursor.execute(self._statements()[name], params)
+                rows = cursor.fetchall() if cursor.description else []
+                return cursor.rowcount, rows
+        except DatabaseError as exc:
+            if not conn.in_atomic_block:
+                # A dead connection is reopened by the next statement, not reused forever
+                # (threads beside the request, e.g. lease renewal, never hit request_finished).
+                conn.close_if_unusable_or_obsolete()
+            raise _store_error(name, exc) from exc
+
+    @staticmethod
+    def _record(row: tuple[Any, ...], now: float) -> Record:
+        fingerprint, state, lease_expires_at, response = row
+        if state == 1:
+            return Record(fingerprint, "completed", bytes(response))
+        return Record(
+            fingerprint,
+            "in_progress",
+            lease_remaining=max(0.0, lease_expires_at - now),
+            committed=state == 2,
+        )
+
+    def reserve(self, record_id: str, fingerprint: str, *, lease: float, ttl: float) -> Reservation:
+        """See :meth:`retrysafe.stores.Store.reserve`."""
+        while True:
+            now = self._clock()
+            token = new_token()
+            params = [record_id, fingerprint, token, now + lease, now + ttl, now]
+            _, won = self._run("reserve", [*params, current_route.get(), now, now])
+            if won:
+                return Reservation(token=token)
+            _, rows = self._run("get", [record_id, now])
+            if rows:
+                return Reservation(record=self._record(rows[0], now))
+            # Released or purged between the two statements: try again.
+
+    def renew(self, record_id: str, token: str, *, lease: float) -> bool:
+        """See :meth:`retrysafe.stores.Store.renew`."""
+        return self._run("renew", [self._clock() + lease, record_id, token])[0] == 1
+
+    def mark_committed(self, record_id: str, token: str, *, lease: float) -> bool:
+        """See :meth:`retrysafe.stores.Store.mark_committed`."""
+        return self._run("mark_committed", [self._clock() + lease, record_id, token])[0] == 1
+
+    def complete(self, record_id: str, token: str, response: bytes, *, ttl: float) -> bool:
+        """See :meth:`retrysafe.stores.Store.complete` (inside an open atomic block, it commits
+        with that block)."""
+        params = [response, self._clock() + ttl, record_id, token]
+        return self._run("complete", params)[0] == 1
+
+    def release(self, record_id: str, token: str) -> bool:
+        """See :meth:`retrysafe.stores.Store.release`."""
+        return self._run("release", [record_id, token])[0] == 1
+
+    def delete(self, record_id: str) -> bool:
+        """See :meth:`retrysafe.stores.Store.delete`."""
+        return self._run("delete", [record_id])[0] == 1
+
+    def get(self, record_id: str) -> Record | None:
+        """See :meth:`retrysafe.stores.Store.get`."""
+        now = self._clock()
+        _, rows = self._run("get", [record_id, now])
+        return self._record(rows[0], now) if rows else None
+
+    def purge_expired(self) -> int:
+        """See :meth:`retrysafe.stores.Store.purge_expired`; deletes in batches."""
+        total = 0
+        now = self._clock()
+        while True:
+            deleted = self._run("purge", [now])[0]
+            total += deleted
+            if deleted < _PURGE_BATCH:
+                return total
+
+    def begin(self) -> DjangoTransaction:
+        """Return the transaction of one request (transactional mode)."""
+        return DjangoTransaction(self)
+
+    def close(self) -> None:
+        """Nothing to do: Django owns its connections."""
+
+
+class DjangoTransaction:
+    """One request's ``transaction.atomic(using=alias)`` block on Django's own connection of the
+    request's thread. The shell begins it (:meth:`connection`) before the view runs, so every
+    ORM write of the view (and, with ``ATOMIC_REQUESTS``, its inner atomic block, a savepoint)
+    is part of it; :meth:`complete` writes the record and leaves the block, committing both.
+
+    Args:
+        store: the store whose database holds both the records and the application's tables.
+    """
+
+    def __init__(self, store: DjangoStore) -> None:
+        self._store = store
+        self._atomic: Any = None
+
+    @property
+    def begun(self) -> bool:
+        """Whether the atomic block is open."""
+        return self._atomic is not None
+
+    @property
+    def broken(self) -> bool:
+        """Whether the connection closed (died) inside the block."""
+        conn = connections[self._store.alias]
+        return bool(self._atomic is not None and conn.closed_in_transaction)
+
+    def connection(self) -> Any:
+        """Enter the atomic block if needed; returns Django's connection wrapper."""
+        if self._atomic is None:
+            atomic = transaction.atomic(using=self._store.alias)
+            try:
+                atomic.__enter__()
+            except DatabaseError as exc:
+                raise _store_error("begin", exc) from exc
+            self._atomic = atomic
+        return connections[self._store.alias]
+
+    def _leave(self, *, commit: bool) -> None:
+        atomic, self._atomic = self._atomic, None
+        if atomic is None:
+            return
+        if not commit:
+            transaction.set_rollback(True, using=self._store.alias)
+        try:
+            atomic.__exit__(None, None, None)
+        except DatabaseError as exc:
+            raise _store_error("commit" if commit else "rollback", exc) from exc
+
+    def complete(self, record_id: str, token: str, response: bytes, *, ttl: float) -> bool:
+        """Write the completion inside the block and commit; ``False`` (rolled back) when
+        fenced out."""
+        self.connection()
+        try:
+            done = self._store.complete(record_id, token, response, ttl=ttl)
+        except StoreError:
+            self._leave(commit=False)
+            raise
+        self._leave(commit=done)
+        return done
+
+    def rollback(self) -> None:
+        """Undo the view's writes (leave the block, rolled back)."""
+        self._leave(commit=False)
+
+    def close(self) -> None:
+        """Roll back anything not committed."""
+        self._leave(commit=False)
+
+
+def _hop(function: Callable[..., T], *, sensitive: bool) -> Callable[..., Any]:
+    return sync_to_async(function, thread_sensitive=sensitive)
+
+
+class AsyncDjangoStore:
+    """The async face of :class:`DjangoStore` (ASGI): each operation runs in a worker thread,
+    with its own connection in autocommit (``thread_sensitive=False``), so a renewal or a
+    reservation never lands inside another request's atomic block.
+
+    Args:
+        store: the synchronous store.
+    """
+
+    def __init__(self, store: DjangoStore) -> None:
+        self.sync = store
+
+    @classmethod
+    def from_url(cls, url: str) -> AsyncDjangoStore:
+        """Build from ``django`` or ``django://<alias>``."""
+        return cls(DjangoStore.from_url(url))
+
+    async def reserve(
+        self, record_id: str, fingerprint: str, *, lease: float, ttl: float
+    ) -> Reservation:
+        """See :meth:`retrysafe.stores.AsyncStore.reserve`."""
+        route = current_route.get()
+
+        def run() -> Reservation:
+            current_route.set(route)
+            return self.sync.reserve(record_id, fingerprint, lease=lease, ttl=ttl)
+
+        result: Reservation = await _hop(run, sensitive=False)()
+        return result
+
+    async def renew(self, record_id: str, token: str, *, lease: float) -> bool:
+        """See :meth:`retrysafe.stores.AsyncStore.renew`."""
+        return bool(await _hop(self.sync.renew, sensitive=False)(record_id, token, lease=lease))
+
+    async def mark_committed(self, record_id: str, token: str, *, lease: float) -> bool:
+        """See :meth:`retrysafe.stores.AsyncStore.mark_committed`."""
+        hop = _hop(self.sync.mark_committed, sensitive=False)
+        return bool(await hop(record_id, token, lease=lease))
+
+    async def complete(self, record_id: str, token: str, response: bytes, *, ttl: float) -> bool:
+        """See :meth:`retrysafe.stores.AsyncStore.complete`."""
+        hop = _hop(self.sync.complete, sensitive=False)
+        return bool(await hop(record_id, token, response, ttl=ttl))
+
+    async def release(self, record_id: str, token: str) -> bool:
+        """See :meth:`retrysafe.stores.AsyncStore.release`."""
+        return bool(await _hop(self.sync.release, sensitive=False)(record_id, token))
+
+    async def delete(self, record_id: str) -> bool:
+        """See :meth:`retrysafe.stores.AsyncStore.delete`."""
+        return bool(await _hop(self.sync.delete, sensitive=False)(record_id))
+
+    async def get(self, record_id: str) -> Record | None:
+        """See :meth:`retrysafe.stores.AsyncStore.get`."""
+        record: Record | None = await _hop(self.sync.get, sensitive=False)(record_id)
+        return record
+
+    async def purge_expired(self) -> int:
+        """See :meth:`retrysafe.stores.AsyncStore.purge_expired`."""
+        return int(await _hop(self.sync.purge_expired, sensitive=False)())
+
+    def begin(self) -> AsyncDjangoTransaction:
+        """Return the transaction of one request (transactional mode)."""
+        return AsyncDjangoTransaction(DjangoTransaction(self.sync))
+
+    async def aclose(self) -> None:
+        """Nothing to do: Django owns its connections."""
+
+
+class AsyncDjangoTransaction:
+    """The async face of :class:`DjangoTransaction`: every step runs in the request's
+    thread-sensitive thread, the one where Django runs the request's sync code and ORM calls
+    (``sync_to_async(thread_sensitive=True)``), so the atomic block and the view's writes share
+    one connection.
+
+    Args:
+        tx: the synchronous transaction.
+    """
+
+    def __init__(self, tx: DjangoTransaction) -> None:
+        self.sync = tx
+
+    @property
+    def begun(self) -> bool:
+        """See :attr:`DjangoTransaction.begun`."""
+        return self.sync.begun
+
+    @property
+    def broken(self) -> bool:
+        """See :attr:`DjangoTransaction.broken`."""
+        return bool(self.sync._atomic is not None and self.sync.broken)
+
+    async def connection(self) -> Any:
+        """See :meth:`DjangoTransaction.connection`."""
+        return await _hop(self.sync.connection, sensitive=True)()
+
+    async def complete(self, record_id: str, token: str, response: bytes, *, ttl: float) -> bool:
+        """See :meth:`DjangoTransaction.complete`."""
+        hop = _hop(self.sync.complete, sensitive=True)
+        return bool(await hop(record_id, token, response, ttl=ttl))
+
+    async def rollback(self) -> None:
+        """See :meth:`DjangoTransaction.rollback`."""
+        await _hop(self.sync.rollback, sensitive=True)()
+
+    async def close(self) -> None:
+        """See :meth:`DjangoTransaction.close`."""
+        if self.sync.begun:
+            await _hop(self.sync.close, sensitive=True)()

@@ -1,0 +1,16 @@
+"""OrderHub's routes (those of the Starlette OrderHub)."""
+
+from __future__ import annotations
+
+from django.urls import path
+
+from . import views
+
+urlpatterns = [
+    path("", views.index),
+    path("orders", views.orders),
+    path("orders/<int:record_id>", views.order_detail),
+    path("payments", views.payments),
+    path("payments/<int:record_id>", views.payment_detail),
+    path("reset", views.reset),
+]
