@@ -70,9 +70,7 @@ def test_the_order_and_the_stored_response_commit_together(api: Api, alias: str)
     assert _orders(alias) == 1
 
 
-def test_an_exception_after_the_write_rolls_it_back_and_frees_the_key(
-    api: Api, alias: str
-) -> None:
+def test_an_exception_after_the_write_rolls_it_back_and_frees_the_key(api: Api, alias: str) -> None:
     assert api.post(f"/orm/orders?db={alias}&fail=1", key="k").status_code == 500
     assert _orders(alias) == 0  # the write was inside the atomic block: rolled back
     assert _record(alias, "k") is None  # released: the retry runs

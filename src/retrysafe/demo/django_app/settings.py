@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 import django
 
@@ -20,7 +20,9 @@ STORE_URL = os.environ.get("RETRYSAFE_DEMO_STORE", "sqlite:///./retrysafe-demo.d
 
 
 def _base(url: str) -> str:
-    return url.split("?", 1)[0].replace("postgres://", "postgresql://", 1)
+    if url.startswith("sqlite:///"):
+        return url.split("?", 1)[0]
+    return url.replace("postgres://", "postgresql://", 1)
 
 
 def _is_sql(url: str) -> bool:
@@ -43,8 +45,11 @@ def database(url: str) -> dict[str, Any]:
             options["transaction_mode"] = "IMMEDIATE"
         return {"ENGINE": "django.db.backends.sqlite3", "NAME": path, "OPTIONS": options}
     parts = urlsplit(url)
+    # libpq options in the query (e.g. options=-csearch_path=orderhub) go to the driver;
+    # store options (table=...) do not.
     return {
         "ENGINE": "django.db.backends.postgresql",
+        "OPTIONS": {k: v for k, v in parse_qsl(parts.query) if k in ("options", "sslmode")},
         "NAME": unquote(parts.path.lstrip("/")),
         "USER": unquote(parts.username or ""),
         "PASSWORD": unquote(parts.password or ""),
