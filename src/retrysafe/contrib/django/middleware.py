@@ -16,6 +16,7 @@ Every decision is the flow's (:mod:`retrysafe._flow`); this module only translat
 
 from __future__ import annotations
 
+import io
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -32,6 +33,9 @@ from ..._request import Request
 from ..._routes import route_config, route_options
 from ..._sync.runner import Exchange, Runner
 from ...stores import AsyncStore, Store, resolve_async_store, resolve_store
+from ...wsgi import _ClientGone as WSGIClientGone
+from ...wsgi import _read_body as read_wsgi_body
+from ...wsgi import _RequestTooLarge as WSGIRequestTooLarge
 from ...wsgi import request_from_environ
 from .conf import is_django_store, load_settings
 from .store import AsyncDjangoStore, DjangoStore, current_route
@@ -141,6 +145,24 @@ def _head(response: HttpResponseBase) -> tuple[int, list[tuple[bytes, bytes]]]:
 
 def _read_body(request: HttpRequest, config: IdempotencyConfig) -> bytes | Answer | None:
     """The body within the limit; an answer (413) past it; ``None``: the client left."""
+    meta = request.META
+    if (
+        meta.get("wsgi.input_terminated")
+        and "chunked" in meta.get("HTTP_TRANSFER_ENCODING", "").lower()
+        and not hasattr(request, "_body")
+    ):
+        # Django reads a WSGI body by its Content-Length only, so it would see a chunked one
+        # (de-chunked by the server) as empty, and two different bodies would share one
+        # fingerprint. Read it here, as the WSGI shell does, and hand it to Django the way its
+        # own HttpRequest.body keeps a body it has read.
+        try:
+            chunked = read_wsgi_body(meta, -1, config.max_body_size)
+        except WSGIRequestTooLarge:
+            return too_large(config)
+        except WSGIClientGone:
+            return None
+        request._body = chunked
+        request._stream = io.BytesIO(chunked)
     try:
         body: bytes = request.body
     except RequestDataTooBig:

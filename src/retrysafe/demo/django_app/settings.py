@@ -12,8 +12,6 @@ import os
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-import django
-
 from ...stores.sqlite import parse_sqlite_url
 
 STORE_URL = os.environ.get("RETRYSAFE_DEMO_STORE", "sqlite:///./retrysafe-demo.db")
@@ -38,11 +36,12 @@ def database(url: str) -> dict[str, Any]:
     """``DATABASES["default"]`` for a ``sqlite:///`` or ``postgresql://`` URL."""
     if url.startswith("sqlite:///"):
         path, _ = parse_sqlite_url(url)
+        # Deferred transactions (Django's default), not IMMEDIATE: the view's atomic block
+        # begins before the view runs, and an IMMEDIATE one would hold SQLite's single write
+        # lock for the whole view, so a duplicate could not even be told "in progress". The
+        # views write before they read, so the lock is taken (waiting up to the timeout) by the
+        # first INSERT and held until the record commits.
         options: dict[str, Any] = {"timeout": 20, "init_command": "PRAGMA journal_mode=WAL;"}
-        if django.VERSION >= (5, 1):
-            # Take the write lock when the atomic block begins, so concurrent requests wait
-            # their turn (busy timeout) instead of failing to upgrade a read lock.
-            options["transaction_mode"] = "IMMEDIATE"
         return {"ENGINE": "django.db.backends.sqlite3", "NAME": path, "OPTIONS": options}
     parts = urlsplit(url)
     # libpq options in the query (e.g. options=-csearch_path=orderhub) go to the driver;
