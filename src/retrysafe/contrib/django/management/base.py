@@ -1,0 +1,82 @@
+"""What the retrysafe management commands share: the store from ``settings.RETRYSAFE`` and the
+record id of a key (its principal from ``--user``, ``--authorization`` or ``--scope``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from ...._errors import IdempotencyError
+from ...._keys import record_id
+from ...._scope import authorization_scope
+from ....stores import Store
+from ..conf import load_settings
+
+__all__ = ["KeyCommand", "StoreCommand"]
+
+
+class StoreCommand(BaseCommand):
+    """A command on the store of ``settings.RETRYSAFE`` (or ``--store``)."""
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--store", help="a store URL (default: settings.RETRYSAFE['STORE'])")
+
+    def store(self, options: dict[str, Any]) -> Store:
+        """The store to work on."""
+        from ..middleware import sync_store
+
+        try:
+            return sync_store(options["store"] or load_settings().store)
+        except IdempotencyError as exc:
+            raise CommandError(str(exc)) from exc
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        store = self.store(options)
+        try:
+            self.run(store, options)
+        except IdempotencyError as exc:
+            raise CommandError(str(exc)) from exc
+        finally:
+            store.close()
+
+    def run(self, store: Store, options: dict[str, Any]) -> None:
+        """The command's work."""
+        raise NotImplementedError
+
+
+class KeyCommand(StoreCommand):
+    """A command on the record of one key."""
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        super().add_arguments(parser)
+        parser.add_argument("--key", required=True, help="the Idempotency-Key (its value)")
+        parser.add_argument("--method", default="POST")
+        parser.add_argument("--path", required=True, help="the request path, e.g. /orders")
+        scope = parser.add_mutually_exclusive_group()
+        scope.add_argument("--user", help="the user (primary key or username) the key is for")
+        scope.add_argument("--authorization", help="the Authorization header it was sent with")
+        scope.add_argument("--scope", default="", help="a raw scope (default: global)")
+
+    def record_id(self, options: dict[str, Any]) -> str:
+        """The record id of the key named by the options."""
+        return record_id(self.scope(options), options["method"].upper(), options["path"],
+                         options["key"])  # fmt: skip
+
+    def scope(self, options: dict[str, Any]) -> str:
+        """The principal part of the record id, as the middleware computes it."""
+        if options["authorization"]:
+            return authorization_scope(options["authorization"])
+        if options["user"]:
+            from django.contrib.auth import get_user_model
+
+            model = get_user_model()
+            value = options["user"]
+            user = model.objects.filter(**{model.USERNAME_FIELD: value}).first()
+            if user is None and value.isdigit():
+                user = model.objects.filter(pk=int(value)).first()
+            if user is None:
+                raise CommandError(f"no user {value!r}")
+            return f"user:{user.pk}"
+        scope: str = options["scope"]
+        return scope

@@ -1,0 +1,121 @@
+"""The management commands (purge, inspect, resolve) and the read-only admin."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+from django.core.management import call_command
+from django.core.management.base import CommandError
+from django.test import Client
+
+from retrysafe._keys import record_id
+from retrysafe.contrib.django.store import DjangoStore
+
+from . import views
+from .conftest import Api
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _run(name: str, *args: str) -> str:
+    out = io.StringIO()
+    call_command(name, *args, stdout=out)
+    return out.getvalue()
+
+
+@pytest.fixture(autouse=True)
+def _django_store(settings: Any) -> None:
+    settings.RETRYSAFE = {"STORE": "django"}
+
+
+@pytest.fixture
+def api() -> Api:
+    return Api("django")
+
+
+def test_inspect_shows_a_completed_record_and_resolve_frees_it(api: Api) -> None:
+    api.post("/orders", key="k", headers={"Authorization": "Bearer alice"})
+    key_args = ("--key", "k", "--path", "/orders", "--authorization", "Bearer alice")
+    shown = _run("retrysafe_inspect", *key_args)
+    assert ": completed" in shown and "status: 201" in shown
+    with pytest.raises(CommandError, match="use --force"):
+        _run("retrysafe_resolve", *key_args)
+    assert "deleted" in _run("retrysafe_resolve", *key_args, "--force")
+    with pytest.raises(CommandError, match="none"):
+        _run("retrysafe_inspect", *key_args)
+    api.post("/orders", key="k", headers={"Authorization": "Bearer alice"})
+    assert views.CALLS["orders"] == 2  # resolved: the key ran again
+
+
+def test_outcome_unknown_is_shown_and_resolved_without_force() -> None:
+    store = DjangoStore()
+    rid = record_id("", "POST", "/orders", "lost")
+    token = store.reserve(rid, "fp", lease=30, ttl=60).token
+    assert token is not None and store.mark_committed(rid, token, lease=0.0)
+    assert "OUTCOME UNKNOWN" in _run("retrysafe_inspect", "--key", "lost", "--path", "/orders")
+    assert "deleted" in _run("retrysafe_resolve", "--key", "lost", "--path", "/orders")
+    assert store.get(rid) is None
+
+
+def test_inspect_by_user() -> None:
+    alice = User.objects.create_user("alice")
+    client = Api("django")
+    client.client.force_login(alice)
+    client.post("/orders", key="k")
+    assert ": completed" in _run("retrysafe_inspect", "--key", "k", "--path", "/orders",
+                                 "--user", "alice")  # fmt: skip
+    with pytest.raises(CommandError, match="no user 'nobody'"):
+        _run("retrysafe_inspect", "--key", "k", "--path", "/orders", "--user", "nobody")
+
+
+def test_purge_deletes_expired_records_only() -> None:
+    past = DjangoStore(clock=lambda: time.time() - 7200)  # written two hours ago
+    past.reserve("old", "fp", lease=1, ttl=1)
+    past.reserve("older", "fp", lease=30, ttl=3600)
+    store = DjangoStore()
+    store.reserve("fresh", "fp", lease=30, ttl=3600)
+    assert "purged 2 expired records" in _run("retrysafe_purge")
+    assert store.get("fresh") is not None
+    assert "purged 0 expired records" in _run("retrysafe_purge")
+
+
+def test_a_bad_store_fails_with_one_clear_line_and_exit_status_1(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "django", "retrysafe_purge", "--store", "ftp://x"],
+        capture_output=True, text=True, cwd=ROOT, timeout=60,
+        env={"DJANGO_SETTINGS_MODULE": "tests.django.settings", "PATH": "/usr/bin:/bin"},
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [
+        "CommandError: unknown store URL scheme in 'ftp': use memory://, postgres://, "
+        "postgresql://, redis://, rediss://, sqlite://"
+    ]
+
+
+def test_admin_lists_records_read_only_and_never_the_key(api: Api) -> None:
+    api.post("/orders", '{"secret": "body"}', key="raw-key-value")
+    admin_user = User.objects.create_superuser("admin", "a@example.com", "pw")
+    browser = Client()
+    browser.force_login(admin_user)
+    listing = browser.get("/admin/retrysafe/idempotencyrecord/")
+    assert listing.status_code == 200
+    page = listing.content.decode()
+    assert "POST /orders" in page and "completed" in page and "201" in page
+    assert "raw-key-value" not in page and "secret" not in page
+    rid = record_id("", "POST", "/orders", "raw-key-value")
+    detail = browser.get(f"/admin/retrysafe/idempotencyrecord/{rid}/change/")
+    assert detail.status_code == 200
+    assert "raw-key-value" not in detail.content.decode()
+    assert browser.get("/admin/retrysafe/idempotencyrecord/add/").status_code == 403
+    deleted = browser.post(f"/admin/retrysafe/idempotencyrecord/{rid}/delete/", {"post": "yes"})
+    assert deleted.status_code == 403
+    assert DjangoStore().get(rid) is not None
