@@ -84,7 +84,13 @@ class Api:
         else:
             future = asyncio.run_coroutine_threadsafe(call(path, **kwargs), event_loop())
             response = future.result(timeout=60)
-        if response.streaming:
+        if response.streaming and response.is_async:
+
+            async def drain() -> bytes:
+                return b"".join([chunk async for chunk in response.streaming_content])
+
+            response.body = asyncio.run_coroutine_threadsafe(drain(), event_loop()).result(10)
+        elif response.streaming:
             response.body = b"".join(response.streaming_content)
         else:
             response.body = response.content

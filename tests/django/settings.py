@@ -34,6 +34,7 @@ MIDDLEWARE = [
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
+    "tests.django.views.ReadPostMiddleware",
     "retrysafe.contrib.django.IdempotencyMiddleware",
 ]
 TEMPLATES = [

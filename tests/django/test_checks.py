@@ -57,6 +57,11 @@ def test_bad_option_is_reported(settings: Any, value: Any, needle: str) -> None:
     assert needle in messages["retrysafe.E001"]
 
 
+def test_a_bad_option_and_a_bad_store_are_both_reported(settings: Any) -> None:
+    messages = _ids(settings, {"STORE": "ftp://x", "TTL": 0})
+    assert sorted(messages) == ["retrysafe.E001", "retrysafe.E002"]
+
+
 def test_transactional_needs_a_sql_store(settings: Any) -> None:
     messages = _ids(settings, {"STORE": "memory://", "TRANSACTIONAL": True})
     assert "needs a SQL store" in messages["retrysafe.E003"]

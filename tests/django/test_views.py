@@ -3,12 +3,14 @@ one method) and Django REST framework APIView and ViewSet actions; store outages
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
+from django.core.files.uploadedfile import SimpleUploadedFile
 
 from . import views
-from .conftest import Api, problem_type
+from .conftest import Api, event_loop, problem_type
 
 
 @pytest.fixture
@@ -98,3 +100,31 @@ def test_keys_are_scoped_by_request_user(settings: Any, client_kind: str) -> Non
     assert again["Idempotency-Replayed"] == "true"
     assert "Idempotency-Replayed" not in other and b'"user": "bob"' in other.body
     assert views.CALLS["orders"] == 2
+
+
+@pytest.mark.parametrize("parsed_first", [False, True], ids=["raw", "parsed-before"])
+def test_multipart_uploads_are_fingerprinted_even_when_parsed_before(
+    settings: Any, client_kind: str, parsed_first: bool
+) -> None:
+    settings.RETRYSAFE = {"STORE": "memory://"}
+    api = Api(client_kind)
+    headers = {"Idempotency-Key": '"up"', **({"X-Read-Post": "1"} if parsed_first else {})}
+
+    def send(content: bytes) -> Any:
+        form = {"title": "t", "doc": SimpleUploadedFile("a.txt", content)}
+        call = api.client.post
+        if api.kind == "django":
+            response = call("/upload", form, headers=headers)
+        else:
+            future = asyncio.run_coroutine_threadsafe(
+                call("/upload", form, headers=headers), event_loop()
+            )
+            response = future.result(30)
+        return response
+
+    first = send(b"hello")
+    assert first.status_code == 201 and b'"doc": "hello"' in first.content  # the view read it
+    assert send(b"hello")["Idempotency-Replayed"] == "true"
+    other = send(b"other")
+    assert other.status_code == 422  # another file under the same key
+    assert views.CALLS["upload"] == 1

@@ -23,6 +23,7 @@ urlpatterns = [
     path("cbv-method", views.MethodView.as_view()),
     path("drf/api", views.DrfView.as_view()),
     path("orm/orders", views.orm_orders),
+    path("upload", views.upload),
     path("orm/non-atomic", views.orm_non_atomic),
     *router.urls,
 ]

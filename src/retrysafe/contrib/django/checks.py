@@ -9,8 +9,9 @@ from django.apps import apps
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Warning, register
 
+from ..._config import IdempotencyConfig
 from ..._errors import ConfigurationError
-from .conf import is_django_store, load_settings
+from .conf import DEFAULT_STORE, Settings, is_django_store, load_settings
 
 __all__ = ["check_settings"]
 
@@ -26,14 +27,20 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
     from .middleware import sync_store
 
     errors: list[CheckMessage] = []
+    raw = getattr(settings, "RETRYSAFE", {})
     try:
         loaded = load_settings()
     except ConfigurationError as exc:
-        return [
+        errors.append(
             Error(str(exc), hint="See the RETRYSAFE settings in the README.", id="retrysafe.E001")
-        ]
+        )
+        # Still check the store, so that one run reports every mistake.
+        spec = raw.get("STORE", raw.get("store", DEFAULT_STORE)) if isinstance(raw, dict) else None
+        loaded = Settings(spec, IdempotencyConfig())
+    store: Any = None
     try:
-        store = sync_store(loaded.store)
+        if loaded.store is not None:
+            store = sync_store(loaded.store)
     except ConfigurationError as exc:
         errors.append(
             Error(
@@ -43,7 +50,6 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
                 id="retrysafe.E002",
             )
         )
-        store = None
     if store is not None:
         if loaded.config.transactional and not callable(getattr(store, "begin", None)):
             errors.append(

@@ -16,14 +16,16 @@ Every decision is the flow's (:mod:`retrysafe._flow`); this module only translat
 
 from __future__ import annotations
 
+import hashlib
 import io
 import logging
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from asgiref.sync import async_to_sync, iscoroutinefunction, markcoroutinefunction
 from django.core.exceptions import ImproperlyConfigured, RequestDataTooBig
 from django.http import HttpRequest, HttpResponse, HttpResponseBase, UnreadablePostError
+from django.http.request import RawPostDataException
 
 from ..._async.runner import AsyncExchange, AsyncRunner
 from ..._config import IdempotencyConfig, RouteOptions, front_config
@@ -143,6 +145,24 @@ def _head(response: HttpResponseBase) -> tuple[int, list[tuple[bytes, bytes]]]:
     return response.status_code, headers
 
 
+def _parsed_form(request: HttpRequest) -> bytes:
+    """A canonical encoding of a parsed form (fields, then files by name, size and SHA-256):
+    equal for equal submissions, different when a field or a file differs."""
+    parts: list[bytes] = []
+    for name in sorted(request.POST):
+        for value in request.POST.getlist(name):
+            parts.append(f"field\0{name}\0{value}".encode())
+    for name in sorted(request.FILES):
+        for upload in request.FILES.getlist(name):
+            digest = hashlib.sha256()
+            for chunk in upload.chunks():
+                digest.update(chunk)
+            upload.seek(0)  # the view reads it again
+            parts.append(f"file\0{name}\0{upload.name}\0{upload.size}\0".encode())
+            parts.append(digest.hexdigest().encode())
+    return b"\n".join(parts)
+
+
 def _read_body(request: HttpRequest, config: IdempotencyConfig) -> bytes | Answer | None:
     """The body within the limit; an answer (413) past it; ``None``: the client left."""
     meta = request.META
@@ -169,9 +189,18 @@ def _read_body(request: HttpRequest, config: IdempotencyConfig) -> bytes | Answe
         return too_large(config)
     except (UnreadablePostError, OSError):
         return None
+    except RawPostDataException:
+        # A middleware before this one parsed a multipart body from the stream (e.g. CSRF
+        # reading request.POST): the raw bytes are gone, so fingerprint what was parsed.
+        body = _parsed_form(request)
     if len(body) > config.max_body_size:
         return too_large(config)
     return body
+
+
+async def _replay_chunks(chunks: list[bytes]) -> AsyncIterator[bytes]:
+    for chunk in chunks:
+        yield chunk
 
 
 class IdempotencyMiddleware:
@@ -370,7 +399,8 @@ class IdempotencyMiddleware:
                     chunks = [bytes(chunk) for chunk in response]
                 for chunk in chunks:
                     capture.add(chunk)
-                response.streaming_content = chunks
+                # An async iterator: Django's ASGI handler warns about consuming a sync one.
+                response.streaming_content = _replay_chunks(chunks)
             else:
                 capture.add(response.content)
         except BaseException as exc:
