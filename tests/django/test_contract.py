@@ -18,6 +18,14 @@ from .conftest import Api, problem_type
 Make = Callable[..., Api]
 
 
+def test_each_client_drives_its_own_runner(make_api: Make) -> None:
+    # django: the sync runner under the WSGI-like handler; django-async: the async runner under
+    # the async handler, with no thread hop (the middleware runs in async mode).
+    api = make_api()
+    expected = b"Exchange" if api.kind == "django" else b"AsyncExchange"
+    assert api.post("/mode", key="k").body == expected
+
+
 def test_first_request_runs_and_the_retry_replays_it_byte_for_byte(make_api: Make) -> None:
     api = make_api()
     first = api.post("/orders", '{"item": 1}', key="k1")

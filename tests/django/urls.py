@@ -24,6 +24,7 @@ urlpatterns = [
     path("drf/api", views.DrfView.as_view()),
     path("orm/orders", views.orm_orders),
     path("upload", views.upload),
+    path("mode", views.mode),
     path("orm/non-atomic", views.orm_non_atomic),
     *router.urls,
 ]

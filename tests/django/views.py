@@ -10,6 +10,7 @@ from typing import Any
 from django.db import transaction
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.utils.decorators import method_decorator
+from django.utils.deprecation import MiddlewareMixin
 from django.views import View
 from django.views.decorators.csrf import csrf_exempt
 from rest_framework import viewsets
@@ -137,17 +138,11 @@ def orm_non_atomic(request: HttpRequest) -> HttpResponse:
     return orm_orders(request)
 
 
-class ReadPostMiddleware:
+class ReadPostMiddleware(MiddlewareMixin):
     """Parses ``request.POST`` before the retrysafe middleware when ``X-Read-Post`` is sent, as
     CsrfViewMiddleware does for real form posts (a multipart body is then read from the stream
-    and its raw bytes are gone)."""
-
-    def __init__(self, get_response: Any) -> None:
-        self.get_response = get_response
-
-    def __call__(self, request: HttpRequest) -> HttpResponse:
-        response: HttpResponse = self.get_response(request)
-        return response
+    and its raw bytes are gone). Sync and async capable, like Django's own middleware, so the
+    async stack stays async down to the retrysafe middleware."""
 
     def process_view(self, request: HttpRequest, *args: Any) -> None:
         if "X-Read-Post" in request.headers:
@@ -159,3 +154,9 @@ def upload(request: HttpRequest) -> HttpResponse:
     n = CALLS["upload"] = CALLS["upload"] + 1
     files = {name: f.read().decode() for name, f in request.FILES.items()}
     return JsonResponse({"n": n, "fields": dict(request.POST.items()), "files": files}, status=201)
+
+
+@csrf_exempt
+async def mode(request: HttpRequest) -> HttpResponse:
+    """Which runner claimed the key: ``Exchange`` (sync stack) or ``AsyncExchange``."""
+    return HttpResponse(type(getattr(request, "_retrysafe_exchange", None)).__name__)
