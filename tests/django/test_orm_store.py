@@ -85,6 +85,21 @@ def test_a_released_status_rolls_the_write_back(api: Api, alias: str) -> None:
     assert _orders(alias) == 1
 
 
+def test_async_view_writes_commit_and_roll_back_with_the_record(
+    settings: Any, alias: str, client_kind: str
+) -> None:
+    # Django's async ORM runs in the request's thread-sensitive thread: inside the block. (Django
+    # itself refuses ATOMIC_REQUESTS with async views, hence no atomic-requests variant.)
+    settings.RETRYSAFE = {"STORE": f"django://{alias}"}
+    api = Api(client_kind)
+    assert api.post(f"/orm/aorders?db={alias}&fail=1", key="k").status_code == 500
+    assert _orders(alias) == 0
+    first = api.post(f"/orm/aorders?db={alias}", key="k")
+    again = api.post(f"/orm/aorders?db={alias}", key="k")
+    assert first.status_code == 201 and again["Idempotency-Replayed"] == "true"
+    assert _orders(alias) == 1
+
+
 def test_non_atomic_view_still_commits_with_the_record(api: Api, alias: str) -> None:
     # transaction.non_atomic_requests opts out of ATOMIC_REQUESTS, not of the record's block.
     assert api.post(f"/orm/non-atomic?db={alias}&fail=1", key="k").status_code == 500

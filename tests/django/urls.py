@@ -23,6 +23,7 @@ urlpatterns = [
     path("cbv-method", views.MethodView.as_view()),
     path("drf/api", views.DrfView.as_view()),
     path("orm/orders", views.orm_orders),
+    path("orm/aorders", views.aorm_orders),
     path("upload", views.upload),
     path("mode", views.mode),
     path("orm/non-atomic", views.orm_non_atomic),

@@ -160,3 +160,15 @@ def upload(request: HttpRequest) -> HttpResponse:
 async def mode(request: HttpRequest) -> HttpResponse:
     """Which runner claimed the key: ``Exchange`` (sync stack) or ``AsyncExchange``."""
     return HttpResponse(type(getattr(request, "_retrysafe_exchange", None)).__name__)
+
+
+@csrf_exempt
+async def aorm_orders(request: HttpRequest) -> HttpResponse:
+    """The async twin of :func:`orm_orders` (Django's async ORM API)."""
+    alias = request.GET.get("db", "default")
+    order = await Order.objects.using(alias).acreate(
+        owner="t", item=request.body.decode(), quantity=1
+    )
+    if request.GET.get("fail"):
+        raise RuntimeError("failed after the write")
+    return JsonResponse({"id": order.pk}, status=201)
