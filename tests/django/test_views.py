@@ -54,6 +54,13 @@ def test_drf_viewset_actions_are_marked_one_by_one(api: Api) -> None:
     assert views.CALLS["drf-ping"] == 2
 
 
+def test_drf_api_view_function_is_marked(api: Api) -> None:
+    assert api.post("/drf/function").status_code == 400
+    assert api.post("/drf/function", key="k").status_code == 201
+    assert api.post("/drf/function", key="k")["Idempotency-Replayed"] == "true"
+    assert views.CALLS["drf-function"] == 1
+
+
 def test_per_view_settings_do_not_leak_to_unmarked_views(api: Api) -> None:
     assert api.post("/required").status_code == 400
     assert api.post("/orders").status_code == 201

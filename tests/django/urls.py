@@ -22,6 +22,7 @@ urlpatterns = [
     path("cbv", views.RequiredView.as_view()),
     path("cbv-method", views.MethodView.as_view()),
     path("drf/api", views.DrfView.as_view()),
+    path("drf/function", views.drf_function),
     path("orm/orders", views.orm_orders),
     path("orm/aorders", views.aorm_orders),
     path("upload", views.upload),

@@ -14,7 +14,7 @@ from django.utils.deprecation import MiddlewareMixin
 from django.views import View
 from django.views.decorators.csrf import csrf_exempt
 from rest_framework import viewsets
-from rest_framework.decorators import action
+from rest_framework.decorators import action, api_view
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
@@ -172,3 +172,10 @@ async def aorm_orders(request: HttpRequest) -> HttpResponse:
     if request.GET.get("fail"):
         raise RuntimeError("failed after the write")
     return JsonResponse({"id": order.pk}, status=201)
+
+
+@idempotent(required=True)  # above @api_view: it marks the view function DRF builds
+@api_view(["POST"])
+def drf_function(request: Any) -> Response:
+    CALLS["drf-function"] += 1
+    return Response({"n": CALLS["drf-function"]}, status=201)

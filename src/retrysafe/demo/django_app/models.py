@@ -28,7 +28,7 @@ class Order(models.Model):
             "owner": self.owner,
             "item": self.item,
             "quantity": self.quantity,
-            "created_at": self.created_at.isoformat().replace("+00:00", "Z"),
+            "created_at": self.created_at.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
         }
 
 
@@ -51,5 +51,5 @@ class Payment(models.Model):
             "owner": self.owner,
             "amount": self.amount,
             "currency": self.currency,
-            "created_at": self.created_at.isoformat().replace("+00:00", "Z"),
+            "created_at": self.created_at.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
         }
