@@ -5,6 +5,7 @@ released statuses), with ``ATOMIC_REQUESTS`` on and off, sync and async stacks."
 from __future__ import annotations
 
 import io
+import threading
 from typing import Any
 
 import pytest
@@ -15,6 +16,7 @@ from retrysafe._keys import record_id
 from retrysafe.contrib.django.store import DjangoStore
 from retrysafe.demo.django_app.models import Order
 
+from . import views
 from .conftest import Api
 
 ALIASES = [
@@ -98,6 +100,41 @@ def test_async_view_writes_commit_and_roll_back_with_the_record(
     again = api.post(f"/orm/aorders?db={alias}", key="k")
     assert first.status_code == 201 and again["Idempotency-Replayed"] == "true"
     assert _orders(alias) == 1
+
+
+@pytest.mark.django_db(transaction=True, databases=["pg"])
+def test_a_request_fenced_out_by_a_takeover_rolls_its_write_back(
+    settings: Any, client_kind: str
+) -> None:
+    # PostgreSQL only: on SQLite the takeover's write would wait for the view's transaction.
+    settings.RETRYSAFE = {"STORE": "django://pg"}
+    api = Api(client_kind)
+    store = DjangoStore("pg")
+    rid = record_id("", "POST", "/orm/orders", "k")
+    entered, release = views.gate("g")
+    results: dict[str, Any] = {}
+
+    def first() -> None:
+        try:
+            results["first"] = api.post("/orm/orders?db=pg&gate=g", key="k")
+        finally:
+            connections.close_all()
+
+    worker = threading.Thread(target=first)
+    worker.start()
+    try:
+        assert entered.wait(10)
+        # Another process took the key over (as after a lapsed lease): a new token holds it.
+        assert store.delete(rid)
+        assert store.reserve(rid, "other", lease=30, ttl=60).token is not None
+    finally:
+        release.set()
+        worker.join(15)
+    fenced = results["first"]
+    assert fenced.status_code == 409  # the answer says so; the view's 201 is not sent
+    assert _orders("pg") == 0  # its order was rolled back with the failed completion
+    record = store.get(rid)
+    assert record is not None and record.state == "in_progress" and record.fingerprint == "other"
 
 
 def test_non_atomic_view_still_commits_with_the_record(api: Api, alias: str) -> None:

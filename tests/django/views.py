@@ -127,6 +127,10 @@ def orm_orders(request: HttpRequest) -> HttpResponse:
     """Creates an Order through the ORM on ``?db=`` (default: ``default``)."""
     alias = request.GET.get("db", "default")
     order = Order.objects.using(alias).create(owner="t", item=request.body.decode(), quantity=1)
+    if request.GET.get("gate"):
+        entered, release = GATES[request.GET["gate"]]
+        entered.set()
+        release.wait(10)
     if request.GET.get("fail"):
         raise RuntimeError("failed after the write")
     return JsonResponse({"id": order.pk}, status=int(request.GET.get("status", "201")))

@@ -245,6 +245,7 @@ class DjangoTransaction:
     def __init__(self, store: DjangoStore) -> None:
         self._store = store
         self._atomic: Any = None
+        self._conn: Any = None  # the wrapper of the thread that entered the block
 
     @property
     def begun(self) -> bool:
@@ -253,9 +254,8 @@ class DjangoTransaction:
 
     @property
     def broken(self) -> bool:
-        """Whether the connection closed (died) inside the block."""
-        conn = connections[self._store.alias]
-        return bool(self._atomic is not None and conn.closed_in_transaction)
+        """Whether the connection closed (died) inside the block (read from any thread)."""
+        return bool(self._atomic is not None and self._conn.closed_in_transaction)
 
     def connection(self) -> Any:
         """Enter the atomic block if needed; returns Django's connection wrapper."""
@@ -266,7 +266,8 @@ class DjangoTransaction:
             except DatabaseError as exc:
                 raise _store_error("begin", exc) from exc
             self._atomic = atomic
-        return connections[self._store.alias]
+            self._conn = connections[self._store.alias]
+        return self._conn
 
     def _leave(self, *, commit: bool) -> None:
         atomic, self._atomic = self._atomic, None
@@ -394,7 +395,7 @@ class AsyncDjangoTransaction:
     @property
     def broken(self) -> bool:
         """See :attr:`DjangoTransaction.broken`."""
-        return bool(self.sync._atomic is not None and self.sync.broken)
+        return self.sync.broken
 
     async def connection(self) -> Any:
         """See :meth:`DjangoTransaction.connection`."""
