@@ -47,9 +47,20 @@ class DjangoDemo:
         workdir: where its log goes (and relative SQLite paths live).
         lease: ``--lease`` seconds.
         workers: gunicorn worker processes.
+        asgi: serve the ASGI application under uvicorn instead (one process: the middleware's
+            async runner), after ``manage.py migrate``.
     """
 
-    def __init__(self, store: str, workdir: Path, *, lease: float = 30.0, workers: int = 3) -> None:
+    def __init__(
+        self,
+        store: str,
+        workdir: Path,
+        *,
+        lease: float = 30.0,
+        workers: int = 3,
+        asgi: bool = False,
+    ) -> None:
+        self.asgi = asgi
         self.store = store
         self.workdir = workdir
         self.lease = lease
@@ -73,6 +84,18 @@ class DjangoDemo:
         }
         env.pop("DJANGO_SETTINGS_MODULE", None)
         self.workdir.mkdir(parents=True, exist_ok=True)
+        if self.asgi:
+            env.update(
+                DJANGO_SETTINGS_MODULE="retrysafe.demo.django_app.settings",
+                RETRYSAFE_DEMO_STORE=self.store,
+                RETRYSAFE_DEMO_LEASE=str(self.lease),
+            )
+            migrate = [sys.executable, "-m", "django", "migrate", "-v0"]
+            subprocess.run(migrate, cwd=self.workdir, env=env, check=True, timeout=60)
+            cmd = [
+                sys.executable, "-m", "uvicorn", "retrysafe.demo.django_app.asgi:application",
+                "--host", "127.0.0.1", "--port", str(self.port), "--log-level", "warning",
+            ]  # fmt: skip
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(
                 cmd, cwd=self.workdir, stdout=log, stderr=subprocess.STDOUT, env=env,

@@ -70,11 +70,18 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     return pg_schema_url(request)
 
 
+@pytest.fixture(params=["wsgi", "asgi"])
+def asgi(request: pytest.FixtureRequest) -> bool:
+    """gunicorn (sync runner, several workers) or uvicorn (async runner: the atomic block and
+    the view's ORM writes share the request's thread-sensitive thread)."""
+    return request.param == "asgi"
+
+
 def test_sigkill_between_the_write_and_the_answer_leaves_neither(
-    django_demo: Callable[..., DjangoDemo], db_url: str
+    django_demo: Callable[..., DjangoDemo], db_url: str, asgi: bool
 ) -> None:
     lease = 1.5
-    server = django_demo(db_url, lease=lease, workers=2)
+    server = django_demo(db_url, lease=lease, workers=2, asgi=asgi)
     db = Database(db_url)
     results: list[Any] = []
 
@@ -103,7 +110,7 @@ def test_sigkill_between_the_write_and_the_answer_leaves_neither(
     assert db.orders() == 0  # neither the order...
     assert db.states() == [0]  # ...nor the response: the key is only reserved (lease)
 
-    restarted = django_demo(db_url, lease=lease, workers=2)
+    restarted = django_demo(db_url, lease=lease, workers=2, asgi=asgi)
     time.sleep(lease)  # the dead request's lease lapses
     first = httpx.post(restarted.url + "/orders", content=ORDER, headers=KEY, timeout=10)
     assert first.status_code == 201
