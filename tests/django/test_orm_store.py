@@ -5,6 +5,7 @@ released statuses), with ``ATOMIC_REQUESTS`` on and off, sync and async stacks."
 from __future__ import annotations
 
 import io
+import sqlite3
 import threading
 from typing import Any
 
@@ -179,3 +180,24 @@ def test_store_operations_follow_the_protocol() -> None:
     store._clock = lambda: 10**12  # far future: retention over
     assert store.reserve("r2", "fp", lease=30, ttl=60).token not in (None, lapsed.token)
     assert store.purge_expired() == 0  # r2 was just retaken with a fresh retention
+
+
+def test_a_sql_url_store_in_transactional_mode_gives_the_view_its_connection(
+    settings: Any, client_kind: str, tmp_path: Any
+) -> None:
+    path = tmp_path / "store.db"
+    settings.RETRYSAFE = {"STORE": f"sqlite:///{path}", "TRANSACTIONAL": True}
+    api = Api(client_kind)
+    assert api.post("/sql/orders?fail=1", "a", key="k").status_code == 500
+
+    def rows() -> list[Any]:
+        with sqlite3.connect(path) as conn:
+            tables = conn.execute("SELECT name FROM sqlite_master WHERE name = 'sql_orders'")
+            if not tables.fetchall():
+                return []
+            return conn.execute("SELECT item FROM sql_orders").fetchall()
+
+    assert rows() == []  # rolled back with the released key (the table too)
+    assert api.post("/sql/orders", "b", key="k").status_code == 201
+    assert api.post("/sql/orders", "b", key="k")["Idempotency-Replayed"] == "true"
+    assert rows() == [("b",)]

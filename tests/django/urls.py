@@ -26,6 +26,7 @@ urlpatterns = [
     path("orm/orders", views.orm_orders),
     path("orm/aorders", views.aorm_orders),
     path("upload", views.upload),
+    path("sql/orders", views.sql_orders),
     path("mode", views.mode),
     path("orm/non-atomic", views.orm_non_atomic),
     *router.urls,

@@ -18,6 +18,7 @@ from rest_framework.decorators import action, api_view
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+import retrysafe.contrib.django as retrysafe_django
 from retrysafe.contrib.django import idempotent
 from retrysafe.demo.django_app.models import Order
 
@@ -183,3 +184,14 @@ async def aorm_orders(request: HttpRequest) -> HttpResponse:
 def drf_function(request: Any) -> Response:
     CALLS["drf-function"] += 1
     return Response({"n": CALLS["drf-function"]}, status=201)
+
+
+@csrf_exempt
+def sql_orders(request: HttpRequest) -> HttpResponse:
+    """Writes on the SQL URL store's own transaction (``retrysafe.contrib.django.transaction``)."""
+    conn = retrysafe_django.transaction(request)
+    conn.execute("CREATE TABLE IF NOT EXISTS sql_orders (item TEXT)")
+    conn.execute("INSERT INTO sql_orders VALUES (?)", (request.body.decode(),))
+    if request.GET.get("fail"):
+        raise RuntimeError("failed after the write")
+    return JsonResponse({"ok": True}, status=201)

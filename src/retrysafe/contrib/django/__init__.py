@@ -19,13 +19,21 @@ from typing import Any
 
 from ..._routes import idempotent
 
-__all__ = ["IdempotencyMiddleware", "amark_committed", "idempotent", "mark_committed"]
+__all__ = [
+    "IdempotencyMiddleware",
+    "amark_committed",
+    "atransaction",
+    "idempotent",
+    "mark_committed",
+    "transaction",
+]
 
 
 def __getattr__(name: str) -> Any:
     # Lazy: settings.MIDDLEWARE names "retrysafe.contrib.django.IdempotencyMiddleware", and
     # INSTALLED_APPS imports this package before the app registry is ready.
-    if name in {"IdempotencyMiddleware", "mark_committed", "amark_committed"}:
+    if name in {"IdempotencyMiddleware", "mark_committed", "amark_committed", "transaction",
+                "atransaction"}:  # fmt: skip
         from . import middleware
 
         return getattr(middleware, name)

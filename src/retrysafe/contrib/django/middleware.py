@@ -34,20 +34,29 @@ from ..._flow import EXECUTE, RUN_UNPROTECTED, Answer, Capture, Flow, admit, not
 from ..._request import Request
 from ..._routes import route_config, route_options
 from ..._sync.runner import Exchange, Runner
+from ..._transaction import CONTEXT_SCOPE_KEY, context_transaction
 from ...stores import AsyncStore, Store, resolve_async_store, resolve_store
 from ...wsgi import _ClientGone as WSGIClientGone
 from ...wsgi import _read_body as read_wsgi_body
 from ...wsgi import _RequestTooLarge as WSGIRequestTooLarge
 from ...wsgi import request_from_environ
 from .conf import is_django_store, load_settings
-from .store import AsyncDjangoStore, DjangoStore, current_route
+from .store import (
+    AsyncDjangoStore,
+    AsyncDjangoTransaction,
+    DjangoStore,
+    DjangoTransaction,
+    current_route,
+)
 
 __all__ = [
     "IdempotencyMiddleware",
     "amark_committed",
     "async_store",
+    "atransaction",
     "mark_committed",
     "sync_store",
+    "transaction",
     "view_options",
 ]
 
@@ -116,6 +125,31 @@ async def amark_committed(request: HttpRequest) -> bool:
     """The async twin of :func:`mark_committed`."""
     exchange = getattr(request, EXCHANGE_ATTR, None)
     return True if exchange is None else bool(await exchange.mark_committed())
+
+
+def transaction(request: HttpRequest, *, optional: bool = False) -> Any:
+    """The connection of the request's transaction with a SQL URL store in transactional mode
+    (``sqlite3.Connection``, ``psycopg.Connection``): the view's writes on it commit with the
+    stored response. (With the ``django`` store the view simply uses the ORM.) Sync stack; see
+    :func:`atransaction` for ASGI.
+
+    Raises:
+        ConfigurationError: the request has no such transaction and ``optional`` is false.
+    """
+    exchange = getattr(request, EXCHANGE_ATTR, None)
+    tx = context_transaction({CONTEXT_SCOPE_KEY: exchange}, optional=optional)
+    if tx is None:
+        return None
+    if isinstance(exchange, AsyncExchange):  # a sync view on an ASGI stack
+        return async_to_sync(tx.connection)()
+    return tx.connection()
+
+
+async def atransaction(request: HttpRequest, *, optional: bool = False) -> Any:
+    """The async twin of :func:`transaction` (``asyncpg`` or ``sqlite3`` connection)."""
+    tx = context_transaction({CONTEXT_SCOPE_KEY: getattr(request, EXCHANGE_ATTR, None)},
+                             optional=optional)  # fmt: skip
+    return None if tx is None else await tx.connection()
 
 
 def _neutral(request: HttpRequest) -> Request:
@@ -286,7 +320,7 @@ class IdempotencyMiddleware:
         if verdict is not EXECUTE:
             assert isinstance(verdict, Answer)
             return _to_response(verdict)
-        if exchange.transaction is not None:
+        if isinstance(exchange.transaction, DjangoTransaction):
             try:
                 exchange.transaction.connection()  # enter the view's atomic block now
             except StoreError as exc:
@@ -319,7 +353,9 @@ class IdempotencyMiddleware:
         if verdict is not EXECUTE:
             assert isinstance(verdict, Answer)
             return _to_response(verdict)
-        if exchange.transaction is not None:
+        if isinstance(exchange.transaction, AsyncDjangoTransaction):
+            # The ORM writes of the view must land in the block: enter it before the view runs
+            # (a URL store's transaction begins lazily, when the view asks for it).
             try:
                 await exchange.transaction.connection()
             except StoreError as exc:
