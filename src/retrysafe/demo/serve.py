@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
+from importlib import import_module
 
 __all__ = ["SERVERS", "serve_starlette"]
 
@@ -25,4 +26,5 @@ def serve_starlette(args: argparse.Namespace) -> None:
 #: framework name -> server; the first is the default (what ``make demo`` serves).
 SERVERS: dict[str, Callable[[argparse.Namespace], None]] = {
     "starlette": serve_starlette,
+    "flask": lambda args: import_module("retrysafe.demo.flask_app").serve(args),
 }
