@@ -619,6 +619,10 @@ def test_the_cli_fails_with_one_clear_line(tmp_path: Path) -> None:
         line for line in bad.output.strip().splitlines() if line.startswith("retrysafe:")
     ]
     assert "unknown store URL scheme" in bad.output
+    dead = runner.invoke(args=["retrysafe", "check", "--store", f"redis://127.0.0.1:{free_port()}"])
+    assert dead.exit_code == 2
+    assert len(dead.output.strip().splitlines()) == 1
+    assert dead.output.startswith("retrysafe: ") and "onnect" in dead.output
     given = runner.invoke(args=["retrysafe", "purge", "--store", f"sqlite:///{tmp_path}/obj.db"])
     assert given.exit_code == 0, given.output
     store.close()
