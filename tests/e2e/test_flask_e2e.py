@@ -320,3 +320,19 @@ def test_a_bad_store_url_fails_at_start_with_one_message(tmp_path: Path) -> None
     server = _start("mysql://nowhere", tmp_path)
     with pytest.raises(RuntimeError, match="unknown store URL scheme"):
         server.start()
+
+
+def test_a_memory_store_is_served_by_one_worker_so_duplicates_still_make_one_order(
+    tmp_path: Path,
+) -> None:
+    server = _start("memory://", tmp_path, f"sqlite:///{tmp_path}/orders.db")
+    try:
+        server.start()
+        assert server.proc is not None
+        time.sleep(1.0)  # a second worker, if any, would have booted by now
+        assert len(_workers(server.proc.pid)) == 1
+        responses = asyncio.run(_post_many([server.url], _key(), 20))
+        _assert_one_logical_order(responses)
+        assert _count(server) == 1
+    finally:
+        server.stop()

@@ -329,7 +329,10 @@ def _gunicorn_app(args: argparse.Namespace) -> Any:
                 "loglevel": args.log_level,
                 "proc_name": "orderhub-flask",
             }
-            if "WEB_CONCURRENCY" not in os.environ:  # gunicorn's own override of the count
+            if args.store.startswith("memory:"):
+                # A memory store lives in one process: several workers would not share it.
+                settings["workers"] = 1
+            elif "WEB_CONCURRENCY" not in os.environ:  # gunicorn's own override of the count
                 settings["workers"] = max(2, min(4, os.cpu_count() or 2))
             for name, value in settings.items():
                 self.cfg.set(name, value)
