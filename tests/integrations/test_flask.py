@@ -784,3 +784,24 @@ def test_the_readme_flask_set_up_works_pasted_into_a_fresh_project(
     assert (tmp_path / "idempotency.db").exists()
     Idempotency.state(module.app).store.close()
     sys.modules.pop("shopapp", None)
+
+
+def test_a_scope_resolver_and_an_event_hook_from_app_config_are_used(tmp_path: Path) -> None:
+    events: list[str] = []
+    shop = Shop()
+    app = build(
+        shop,
+        {
+            "RETRYSAFE_STORE_URL": f"sqlite:///{tmp_path}/scoped.db",
+            "RETRYSAFE_SCOPE_RESOLVER": lambda req: req.header("X-Tenant") or "",
+            "RETRYSAFE_ON_EVENT": lambda event, details: events.append(event),
+        },
+    )
+    client = app.test_client()
+    acme, umbrella = {**key(), "X-Tenant": "acme"}, {**key(), "X-Tenant": "umbrella"}
+    client.post("/orders", json=ORDER, headers=acme)
+    assert REPLAYED not in client.post("/orders", json=ORDER, headers=umbrella).headers
+    assert client.post("/orders", json=ORDER, headers=acme).headers[REPLAYED] == "true"
+    assert shop.calls["orders"] == 2
+    assert "replayed" in events
+    Idempotency.state(app).store.close()
