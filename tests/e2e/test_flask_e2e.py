@@ -180,16 +180,19 @@ def _kill_workers_mid_request(server: DemoServer, url: str, key: str) -> None:
 
 
 def _retry_until_settled(url: str, headers: dict[str, str], seconds: float) -> httpx.Response:
+    """Retry (bounded by ``seconds``) while the answer is "in progress" or the master is still
+    booting new workers; return the first other answer (or the last 409)."""
     deadline = time.monotonic() + seconds
     while True:
         try:
             retry = httpx.post(url, json=ORDER, headers=headers, timeout=30)
-        except httpx.TransportError:  # the master is still booting new workers
-            retry = None
-        if retry is not None and (retry.status_code != 409 or time.monotonic() > deadline):
-            return retry
-        if retry is not None and "outcome-unknown" in retry.text:
-            return retry
+        except httpx.TransportError:
+            if time.monotonic() > deadline:
+                raise
+        else:
+            settled = retry.status_code != 409 or "outcome-unknown" in retry.text
+            if settled or time.monotonic() > deadline:
+                return retry
         time.sleep(0.1)
 
 
