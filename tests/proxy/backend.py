@@ -52,7 +52,7 @@ def _record(effect: dict[str, object]) -> int:
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
 
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+    def log_message(self, format: str, *args: object) -> None:
         pass  # quiet: the tests read effects, not logs
 
     def _body(self) -> bytes:

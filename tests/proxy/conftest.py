@@ -8,7 +8,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -120,23 +120,51 @@ class Proxy(Process):
         self.env = env or {}
 
     def start(self, timeout: float = 30.0) -> Proxy:
+        """Start it; the upstream goes in ``--upstream`` unless ``RETRYSAFE_UPSTREAM`` is set."""
         cmd = [sys.executable, "-m", "retrysafe", "proxy", "--listen", f"127.0.0.1:{self.port}"]
-        cmd += ["--upstream", self.upstream, "--store", self.store, "--log-level", "warning"]
-        cmd += list(self.args)
+        if "RETRYSAFE_UPSTREAM" not in self.env:
+            cmd += ["--upstream", self.upstream]
+        cmd += ["--store", self.store, "--log-level", "warning", *self.args]
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
         self._spawn(cmd, env, "/-/healthz", timeout)
         return self
 
 
+class Processes:
+    """Starts backends and proxies; stops every one it started (see the fixtures)."""
+
+    def __init__(self, log_dir: Path) -> None:
+        self.log_dir = log_dir
+        self.started: list[Process] = []
+
+    def backend(self, effects: Path | None = None, port: int | None = None) -> Backend:
+        backend = Backend(self.log_dir, effects or self.log_dir / f"effects-{len(self.started)}")
+        if port is not None:
+            backend.port = port
+        self.started.append(backend)
+        return backend.start()
+
+    def proxy(self, upstream: str, store: str, *args: str, **kwargs: Any) -> Proxy:
+        proxy = Proxy(self.log_dir, upstream, store, args, **kwargs)
+        self.started.append(proxy)
+        return proxy.start()
+
+    def stop_all(self) -> None:
+        for process in reversed(self.started):
+            process.stop()
+
+
 @pytest.fixture
-def spawn(tmp_path: Path) -> Iterator[Callable[[Process], Process]]:
-    """Start a process for this test; every one is stopped afterwards."""
-    started: list[Process] = []
+def processes(tmp_path: Path) -> Iterator[Processes]:
+    """Processes started by one test, stopped after it."""
+    started = Processes(tmp_path / "logs")
+    yield started
+    started.stop_all()
 
-    def start(process: Process) -> Process:
-        started.append(process)
-        return process
 
-    yield start
-    for process in reversed(started):
-        process.stop()
+@pytest.fixture(scope="module")
+def module_processes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Processes]:
+    """Processes shared by the tests of one module, stopped after them."""
+    started = Processes(tmp_path_factory.mktemp("proxy") / "logs")
+    yield started
+    started.stop_all()
