@@ -43,6 +43,8 @@ class Process:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
     def _spawn(self, cmd: list[str], env: dict[str, str], probe: str, timeout: float) -> None:
+        if self.proc is not None:  # a restart: the previous process must be gone (and reaped)
+            self.proc.wait(timeout=10)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
