@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -15,9 +16,14 @@ from typing import Any
 import httpx
 import pytest
 
+from ..conftest import service_missing
 from ..e2e.servers import free_port
 
-BACKEND = Path(__file__).with_name("backend.py")
+#: The same backend in two languages (neither has any idempotency).
+BACKENDS = {
+    "python": [sys.executable, str(Path(__file__).with_name("backend.py"))],
+    "node": ["node", str(Path(__file__).with_name("backend.js"))],
+}
 
 
 class Process:
@@ -85,12 +91,15 @@ class Process:
 class Backend(Process):
     """The idempotency-free backend of ``backend.py``; effects go to a JSON-lines file."""
 
-    def __init__(self, log_dir: Path, effects: Path) -> None:
-        super().__init__("backend", log_dir)
+    def __init__(self, log_dir: Path, effects: Path, language: str = "python") -> None:
+        super().__init__(f"backend-{language}", log_dir)
         self.effects_path = effects
+        self.language = language
+        if language == "node" and shutil.which("node") is None:
+            service_missing("Node.js", "no node on PATH")
 
     def start(self) -> Backend:
-        cmd = [sys.executable, str(BACKEND), "--port", str(self.port)]
+        cmd = [*BACKENDS[self.language], "--port", str(self.port)]
         cmd += ["--effects", str(self.effects_path)]
         self._spawn(cmd, dict(os.environ), "/health", 15.0)
         return self
@@ -139,8 +148,11 @@ class Processes:
         self.log_dir = log_dir
         self.started: list[Process] = []
 
-    def backend(self, effects: Path | None = None, port: int | None = None) -> Backend:
-        backend = Backend(self.log_dir, effects or self.log_dir / f"effects-{len(self.started)}")
+    def backend(
+        self, effects: Path | None = None, port: int | None = None, language: str = "python"
+    ) -> Backend:
+        effects = effects or self.log_dir / f"effects-{len(self.started)}"
+        backend = Backend(self.log_dir, effects, language)
         if port is not None:
             backend.port = port
         self.started.append(backend)

@@ -1,5 +1,6 @@
 """The wire contract through real ``retrysafe proxy`` processes in front of a backend that has no
-idempotency at all (``backend.py``, a separate process): every effect it records is counted."""
+idempotency at all, in Python (``backend.py``) and in Node.js (``backend.js``), each a separate
+process that counts every effect it performs."""
 
 from __future__ import annotations
 
@@ -34,29 +35,37 @@ enabled = false
 """
 
 
-@pytest.fixture(scope="module")
-def backend(module_processes: Processes) -> Backend:
-    return module_processes.backend()
+@pytest.fixture(scope="module", params=["python", "node"])
+def backend(module_processes: Processes, request: pytest.FixtureRequest) -> Iterator[Backend]:
+    started = module_processes.backend(language=request.param)
+    yield started
+    started.stop()
 
 
 @pytest.fixture(scope="module")
-def store_url(module_processes: Processes) -> str:
-    return f"sqlite:///{module_processes.log_dir.parent / 'store.db'}"
+def store_url(module_processes: Processes, backend: Backend) -> str:
+    return f"sqlite:///{module_processes.log_dir.parent / f'store-{backend.language}.db'}"
 
 
 @pytest.fixture(scope="module")
-def proxy(module_processes: Processes, backend: Backend, store_url: str) -> Proxy:
+def proxy(module_processes: Processes, backend: Backend, store_url: str) -> Iterator[Proxy]:
     """One worker; options from flags and the TOML file."""
     config = module_processes.log_dir.parent / "proxy.toml"
     config.write_text(CONFIG)
-    return module_processes.proxy(backend.url, store_url, "--config", str(config))
+    started = module_processes.proxy(backend.url, store_url, "--config", str(config))
+    yield started
+    started.stop()
 
 
 @pytest.fixture(scope="module")
-def trusting_proxy(module_processes: Processes, backend: Backend, store_url: str) -> Proxy:
+def trusting_proxy(
+    module_processes: Processes, backend: Backend, store_url: str
+) -> Iterator[Proxy]:
     """Two uvicorn workers on the same store; upstream and trust from RETRYSAFE_* variables."""
     env = {"RETRYSAFE_UPSTREAM": backend.url, "RETRYSAFE_TRUST_FORWARDED": "true"}
-    return module_processes.proxy(backend.url, store_url, "--workers", "2", env=env)
+    started = module_processes.proxy(backend.url, store_url, "--workers", "2", env=env)
+    yield started
+    started.stop()
 
 
 @pytest.fixture

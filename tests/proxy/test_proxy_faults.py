@@ -45,10 +45,11 @@ def resolve(store: str, key: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(cmd, capture_output=True, text=True, timeout=30, check=False)
 
 
+@pytest.mark.parametrize("language", ["python", "node"])
 def test_upstream_killed_holding_the_request_gives_outcome_unknown_never_a_second_forward(
-    processes: Processes, store_url: str
+    processes: Processes, store_url: str, language: str
 ) -> None:
-    backend = processes.backend()
+    backend = processes.backend(language=language)
     proxy = processes.proxy(backend.url, store_url)
     key = str(uuid.uuid4())
     url = proxy.url + "/orders?die=1"  # the backend records the effect, then exits unanswered
