@@ -39,7 +39,10 @@ if TYPE_CHECKING:
     import httpx
 
 __all__ = [
+    "HEALTH_PATH",
+    "HOP_BY_HOP",
     "OPTIONS",
+    "READY_PATH",
     "ProxySettings",
     "RoutePolicy",
     "UpstreamProxy",
