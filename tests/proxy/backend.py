@@ -8,7 +8,8 @@ lost. Run: ``python backend.py --port P --effects FILE``.
 Routes:
     POST/PATCH /orders, /payments, /orders/...: one effect; ``201`` + ``Location``. Knobs (query):
         ``delay_ms`` sleep after the effect, before answering; ``die=1`` exit right after the
-        effect, never answering; ``status=N`` answer N; ``size=N`` a chunked body of N bytes.
+        effect, never answering; ``status=N`` answer N; ``size=N`` a chunked body of N bytes;
+        ``cut=1`` (with ``size``) exit half-way through that body.
     POST /upload: one effect with the body's size and SHA-256 (chunked bodies understood).
     any /echo: the request line and headers as received; the answer carries hop-by-hop fields.
     GET /health: 200.
@@ -119,14 +120,14 @@ class Handler(BaseHTTPRequestHandler):
         time.sleep(int(query.get("delay_ms", "0")) / 1000)
         status = int(query.get("status", "201"))
         if "size" in query:
-            self._chunked(status, int(query["size"]), number)
+            self._chunked(status, int(query["size"]), number, cut=bool(query.get("cut")))
             return
         payload = json.dumps({"id": number, "request": body.decode("utf-8", "replace")})
         self._send(status, payload.encode(), {"Location": f"{parts.path}/{number}"})
 
     do_PATCH = do_POST
 
-    def _chunked(self, status: int, size: int, number: int) -> None:
+    def _chunked(self, status: int, size: int, number: int, *, cut: bool = False) -> None:
         self.send_response(status)
         self.send_header("Content-Type", "application/octet-stream")
         self.send_header("Transfer-Encoding", "chunked")
@@ -138,6 +139,9 @@ class Handler(BaseHTTPRequestHandler):
             piece = block[: min(left, len(block))]
             self.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece))
             left -= len(piece)
+            if cut and left < size // 2:
+                self.wfile.flush()
+                os._exit(3)  # the status line and half the body have left
         self.wfile.write(b"0\r\n\r\n")
 
     def _echo(self, body: bytes) -> None:

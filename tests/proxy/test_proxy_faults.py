@@ -74,6 +74,26 @@ def test_upstream_killed_holding_the_request_gives_outcome_unknown_never_a_secon
     assert len(backend.effects(key=f'"{key}"')) == 2
 
 
+def test_upstream_dying_mid_answer_cuts_the_response_and_leaves_the_outcome_unknown(
+    processes: Processes, store_url: str
+) -> None:
+    backend = processes.backend()
+    proxy = processes.proxy(backend.url, store_url)
+    key = str(uuid.uuid4())
+    url = proxy.url + "/orders?size=400000&cut=1"
+    with httpx.Client(timeout=10.0) as client:
+        with pytest.raises(httpx.RemoteProtocolError):  # cut off: never a complete 201
+            with client.stream("POST", url, content=b"c", headers=keyed(key)) as cut:
+                assert cut.status_code == 201
+                cut.read()
+        backend.start()
+        retry = client.post(url, content=b"c", headers=keyed(key))
+        assert retry.status_code == 409
+        assert slug(retry) == "idempotency-outcome-unknown"
+    assert len(backend.effects(key=f'"{key}"')) == 1
+    assert "Traceback" not in proxy.log_text()
+
+
 def test_on_ambiguous_release_frees_the_key_for_idempotent_upstreams(
     processes: Processes, store_url: str
 ) -> None:
