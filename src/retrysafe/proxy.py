@@ -418,12 +418,15 @@ def header_scope_resolver(header: str) -> ScopeResolver:
         header: the header name, e.g. ``authorization`` or ``x-api-key``.
 
     Returns:
-        A ``scope_resolver`` for :class:`~retrysafe.IdempotencyConfig` (given the ASGI scope).
+        A ``scope_resolver`` for :class:`~retrysafe.IdempotencyConfig`.
     """
     raw = header.lower().encode("latin-1")
 
-    def resolve(scope: Mapping[str, Any]) -> str:
-        values = [value for name, value in scope.get("headers", ()) if name == raw]
+    def resolve(request: Any) -> str:
+        # Given the ASGI scope today; the neutral request head (``.headers``: byte pairs) once
+        # the flow rewrite lands: both carry lower-case (name, value) byte pairs.
+        pairs = request.get("headers", ()) if isinstance(request, Mapping) else request.headers
+        values = [value for name, value in pairs if name == raw]
         if not values:
             return ""
         return authorization_scope(values[0] if len(values) == 1 else b", ".join(values))
@@ -522,6 +525,8 @@ class UpstreamProxy:
         sent = False
 
         async def trace(event: str, info: Mapping[str, Any]) -> None:
+            # httpx's documented "trace" request extension; the event names are httpcore's
+            # (tests/proxy kill upstreams and proxies to catch a rename).
             nonlocal sent
             if event.endswith(".send_request_headers.started"):
                 # The last moment before the upstream may see the request: mark first, so that
@@ -669,12 +674,14 @@ def _settle(scope: Scope) -> None:
     """The upstream answered in full (or nothing was sent): the answer's status decides what
     happens to the key (stored, or released by the status policy), not the ambiguity mark.
 
-    Port note: this clears the middleware's per-request ``committed`` flag; the sans-I/O flow
-    needs an explicit "settled by an answer" input for it.
+    Port note: this clears the request's ``committed`` flag, on the middleware's per-request
+    object (today) or on its flow (``context.flow``, after the sans-I/O rewrite); the flow
+    deserves an explicit input for it ("the upstream answered: settle by status").
     """
     context = scope.get(CONTEXT_SCOPE_KEY)
-    if context is not None and getattr(context, "committed", False):
-        context.committed = False
+    state = getattr(context, "flow", context)
+    if state is not None and getattr(state, "committed", False):
+        state.committed = False
 
 
 async def _problem(send: Send, slug: str, detail: str, *, retry_after: int | None = None) -> None:

@@ -52,6 +52,8 @@ def _record(effect: dict[str, object]) -> int:
 
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    # Headers and body are separate writes: without TCP_NODELAY, delayed ACKs add 40 ms.
+    disable_nagle_algorithm = True
 
     def log_message(self, format: str, *args: object) -> None:
         pass  # quiet: the tests read effects, not logs
