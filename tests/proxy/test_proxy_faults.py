@@ -82,10 +82,12 @@ def test_upstream_dying_mid_answer_cuts_the_response_and_leaves_the_outcome_unkn
     key = str(uuid.uuid4())
     url = proxy.url + "/orders?size=400000&cut=1"
     with httpx.Client(timeout=10.0) as client:
-        with pytest.raises(httpx.RemoteProtocolError):  # cut off: never a complete 201
-            with client.stream("POST", url, content=b"c", headers=keyed(key)) as cut:
-                assert cut.status_code == 201
-                cut.read()
+        with (
+            pytest.raises(httpx.RemoteProtocolError),  # cut off: never a complete 201
+            client.stream("POST", url, content=b"c", headers=keyed(key)) as cut,
+        ):
+            assert cut.status_code == 201
+            cut.read()
         backend.start()
         retry = client.post(url, content=b"c", headers=keyed(key))
         assert retry.status_code == 409
