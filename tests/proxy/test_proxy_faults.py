@@ -18,7 +18,7 @@ import pytest
 
 from ..e2e.servers import free_port
 from ..stores.backend_postgres import fresh_table_url
-from ..stores.backend_redis import delete_prefixed, unique_prefix, with_prefix
+from ..stores.backend_redis import PrivateRedis, delete_prefixed, unique_prefix, with_prefix
 from .conftest import Processes
 
 pytestmark = pytest.mark.e2e
@@ -181,6 +181,48 @@ def test_store_down_is_503_for_keyed_requests_and_not_ready(processes: Processes
         # A request without a key needs no store: it is forwarded as usual.
         assert client.post(proxy.url + "/orders", content=b"free").status_code == 201
     assert "Traceback" not in proxy.log_text()
+
+
+async def test_a_mark_the_store_cannot_record_keeps_the_request_from_leaving(
+    processes: Processes, tmp_path: Path
+) -> None:
+    import redis
+
+    private = PrivateRedis(tmp_path / "redis").start()
+    try:
+        backend = processes.backend()
+        # One upstream connection: B waits for it after its reservation, before its mark.
+        proxy = processes.proxy(backend.url, private.url, "--max-connections", "1")
+        a, b = str(uuid.uuid4()), str(uuid.uuid4())
+        inspector = redis.Redis(port=private.port)
+        async with httpx.AsyncClient(timeout=15.0) as client:
+            first = asyncio.ensure_future(
+                client.post(proxy.url + "/orders?delay_ms=1500", content=b"a", headers=keyed(a))
+            )
+            second = None
+            for _ in range(100):  # bounded: 5 s
+                if second is None and backend.effects(key=f'"{a}"'):
+                    second = asyncio.ensure_future(
+                        client.post(proxy.url + "/orders", content=b"b", headers=keyed(b))
+                    )
+                if second is not None and inspector.dbsize() >= 2:
+                    break  # B holds its reservation and waits for the connection
+                await asyncio.sleep(0.05)
+            assert second is not None and inspector.dbsize() >= 2
+            inspector.close()
+            private.stop()  # the store dies between B's reservation and its mark
+            assert (await first).status_code == 201  # already upstream: its answer still comes
+            refused = await second
+            assert refused.status_code == 503
+            assert slug(refused) == "idempotency-store-unavailable"
+            assert "not forwarded" in refused.json()["detail"]
+            assert backend.effects(key=f'"{b}"') == []
+            private.start()
+            retry = await client.post(proxy.url + "/orders", content=b"b", headers=keyed(b))
+            assert retry.status_code == 201
+        assert len(backend.effects(key=f'"{b}"')) == 1
+    finally:
+        private.stop()
 
 
 @pytest.fixture(params=["redis", "postgres"])
