@@ -87,6 +87,7 @@ _FORWARDING: frozenset[bytes] = frozenset(
 #: (uvicorn, Node.js: 5 s): an upstream closing an idle connection while the proxy writes on it
 #: would turn an innocent request into an ambiguous one.
 _KEEPALIVE_EXPIRY = 2.0
+_LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 
 # The proxy's own problems, next to the middleware's (same registry, same renderer).
 PROBLEMS.update(
@@ -198,6 +199,16 @@ class ProxySettings:
         self.listen_address()  # validates
         if self.workers < 1:
             raise ConfigurationError(f"workers must be at least 1, got {self.workers}")
+        if self.workers > 1 and self.store.startswith("memory:"):
+            # Each worker would hold its own records: the same key could run once per worker.
+            raise ConfigurationError(
+                "memory:// lives in one process: with several workers use a shared store "
+                "(sqlite:///path.db, postgresql://..., redis://...)"
+            )
+        if self.log_level not in _LOG_LEVELS:
+            raise ConfigurationError(
+                f"log_level must be one of {', '.join(_LOG_LEVELS)}, got {self.log_level!r}"
+            )
         if self.on_ambiguous not in ("unknown", "release"):
             raise ConfigurationError("on_ambiguous must be 'unknown' or 'release'")
         if not self.principal_header or not self.principal_header.isascii():

@@ -99,6 +99,18 @@ def test_principal_header_scopes_by_its_value_and_is_global_without_it() -> None
             "bad value for ttl",
             id="ttl",
         ),
+        pytest.param(
+            ["--upstream", "http://u:1", "--store", "memory://", "--workers", "2"],
+            None,
+            "memory:// lives in one process",
+            id="memory-workers",
+        ),
+        pytest.param(
+            ["--upstream", "http://u:1", "--store", "memory://", "--log-level", "loud"],
+            None,
+            "log_level must be one of",
+            id="log-level",
+        ),
         pytest.param([], "upstream = [", "not valid TOML", id="toml"),
         pytest.param([], 'upstrem = "http://u:1"', "unknown option 'upstrem'", id="typo"),
         pytest.param([], '[[routes]]\npath = "/a"\nreqired = true', "unknown route key", id="key"),
