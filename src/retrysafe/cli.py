@@ -1,4 +1,4 @@
-"""The ``retrysafe`` command: demo, purge, check, inspect, resolve, schema.
+"""The ``retrysafe`` command: demo, proxy, purge, check, inspect, resolve, schema.
 
 Only here (and in framework adapters) is the environment read: ``RETRYSAFE_STORE_URL`` is the
 default of every ``--store``.
@@ -10,6 +10,7 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from ._errors import IdempotencyError
 from ._keys import record_id
@@ -57,6 +58,102 @@ def _demo(args: argparse.Namespace) -> int:
         print(f"retrysafe demo needs: pip install 'retrysafe[demo]' ({exc})", file=sys.stderr)
         return 2
     return 0
+
+
+#: Where ``retrysafe proxy`` hands its settings to uvicorn's worker processes.
+_PROXY_SETTINGS_ENV = "_RETRYSAFE_PROXY_SETTINGS"
+
+
+def _proxy(args: argparse.Namespace) -> int:
+    try:
+        import uvicorn
+
+        from .proxy import OPTIONS, build_app, load_settings
+    except ImportError as exc:
+        print(f"retrysafe proxy needs: pip install 'retrysafe[proxy]' ({exc})", file=sys.stderr)
+        return 2
+    flags = {name: getattr(args, name, None) for name in OPTIONS}
+    settings = load_settings(flags, os.environ, args.config or os.environ.get("RETRYSAFE_CONFIG"))
+    app = build_app(settings)  # every setting and the store URL checked before serving
+    host, port = settings.listen_address()
+    print(
+        f"retrysafe proxy on http://{settings.listen} -> {settings.upstream} "
+        f"(store {settings.store.split('://')[0]}, {settings.workers} worker(s))",
+        flush=True,
+    )
+    common: dict[str, Any] = {
+        "host": host,
+        "port": port,
+        "log_level": settings.log_level,
+        "lifespan": "on",
+        # Forwarded headers are the proxy's own business (--trust-forwarded), and the
+        # upstream's Date and Server pass through instead of uvicorn's.
+        "proxy_headers": False,
+        "server_header": False,
+        "date_header": False,
+    }
+    if settings.workers == 1:
+        uvicorn.run(app, **common)
+        return 0
+    # Workers are separate processes that import the app: they rebuild it from the settings.
+    os.environ[_PROXY_SETTINGS_ENV] = settings.to_json()
+    uvicorn.run("retrysafe.cli:_proxy_worker_app", factory=True, workers=settings.workers, **common)
+    return 0
+
+
+def _proxy_worker_app() -> object:
+    """The app of one ``retrysafe proxy`` worker process (uvicorn factory)."""
+    from .proxy import ProxySettings, build_app
+
+    return build_app(ProxySettings.from_json(os.environ[_PROXY_SETTINGS_ENV]))
+
+
+def _proxy_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from .proxy import OPTIONS
+
+    proxy = sub.add_parser(
+        "proxy",
+        help="serve an idempotency proxy in front of an HTTP backend in any language",
+        description="Every option also comes from RETRYSAFE_<OPTION> (the store from "
+        "RETRYSAFE_STORE_URL) or from the TOML --config file (top-level options and [[routes]] "
+        "tables with path, enabled, methods, required, ttl, lease); a flag wins over the "
+        "environment, which wins over the file.",
+    )
+    proxy.add_argument("--config", help="TOML file (default: $RETRYSAFE_CONFIG)")
+    helps = {
+        "listen": "HOST:PORT to serve on",
+        "upstream": "base URL of the backend, e.g. http://127.0.0.1:9000",
+        "store": "store URL",
+        "workers": "uvicorn worker processes",
+        "methods": "protected methods, comma-separated",
+        "required": "a protected request without a key gets 400",
+        "ttl": "retention of completed records, seconds",
+        "lease": "lease of a reservation, seconds",
+        "max_body_size": "larger keyed request bodies get 413",
+        "max_stored_body_size": "larger responses stream through but are not stored",
+        "on_conflict": "reject (409) or wait for the first request of a key",
+        "store_server_errors": "store upstream 5xx answers instead of releasing the key",
+        "on_ambiguous": "unknown: a request sent without an answer is never forwarded again "
+        "(409 outcome-unknown); release: free the key (idempotent upstreams)",
+        "principal_header": "header whose value scopes keys",
+        "trust_forwarded": "keep and extend incoming Forwarded/X-Forwarded-* headers",
+        "connect_timeout": "seconds to connect to the upstream",
+        "upstream_timeout": "seconds for each upstream read or write",
+        "max_connections": "upstream connection pool size per worker",
+        "log_level": "uvicorn log level",
+    }
+    choices = {"on_conflict": ["reject", "wait"], "on_ambiguous": ["unknown", "release"]}
+    for name, (kind, variable, default) in OPTIONS.items():
+        flag = "--" + name.replace("_", "-")
+        shown = "required" if default is ... else f"default {default!r}"
+        if isinstance(default, frozenset):
+            shown = "default " + ",".join(sorted(default))
+        text = f"{helps.get(name, name)} (${variable}; {shown})"
+        if kind == "bool":
+            proxy.add_argument(flag, action=argparse.BooleanOptionalAction, help=text)
+        else:
+            proxy.add_argument(flag, choices=choices.get(name), help=text)
+    proxy.set_defaults(func=_proxy)
 
 
 def _purge(args: argparse.Namespace) -> int:
@@ -157,6 +254,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--framework", choices=list(SERVERS), default=next(iter(SERVERS)), help="which OrderHub"
     )
     demo.set_defaults(func=_demo)
+
+    _proxy_parser(sub)
 
     purge = sub.add_parser("purge", help="delete expired records")
     _store_arg(purge)
