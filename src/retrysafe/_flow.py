@@ -659,6 +659,12 @@ class Flow:
             logger.error("could not mark %s committed: %s", self.record_id[:12], exc)
             return False
 
+    def outcome_known(self) -> None:
+        """The effect declared with :meth:`mark_committed` has a definite answer after all (the
+        proxy's upstream replied in full): the response's status decides again, as if it had
+        never been marked (stored, or released by the status policy)."""
+        self.committed = False
+
     # -- shared steps ----------------------------------------------------------------------
 
     def unavailable(self, detail: str) -> Generator[Action, Any, Answer]:

@@ -41,6 +41,10 @@ PROBLEMS: dict[str, Problem] = {
             409,
             "The outcome of the first request with this Idempotency-Key is unknown",
         ),
+        # retrysafe proxy
+        Problem("upstream-unreachable", 502, "The upstream cannot be reached"),
+        Problem("upstream-no-answer", 502, "The upstream gave no answer"),
+        Problem("upstream-timeout", 504, "The upstream did not answer in time"),
     )
 }
 

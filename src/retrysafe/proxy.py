@@ -29,9 +29,9 @@ from urllib.parse import urlsplit
 
 from ._config import IdempotencyConfig, ScopeResolver
 from ._errors import ConfigurationError, StoreError
-from ._problems import PROBLEMS, Problem, render_problem
+from ._problems import render_problem
 from ._scope import authorization_scope
-from ._transaction import CONTEXT_SCOPE_KEY, mark_committed
+from ._transaction import CONTEXT_SCOPE_KEY, mark_committed, outcome_known
 from .asgi import IdempotencyMiddleware
 from .stores import AsyncStore, resolve_async_store
 
@@ -88,19 +88,6 @@ _FORWARDING: frozenset[bytes] = frozenset(
 #: would turn an innocent request into an ambiguous one.
 _KEEPALIVE_EXPIRY = 2.0
 _LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
-
-# The proxy's own problems, next to the middleware's (same registry, same renderer).
-PROBLEMS.update(
-    {
-        p.slug: p
-        for p in (
-            Problem("upstream-unreachable", 502, "The upstream cannot be reached"),
-            Problem("upstream-no-answer", 502, "The upstream gave no answer"),
-            Problem("upstream-timeout", 504, "The upstream did not answer in time"),
-        )
-    }
-)
-
 
 # -- settings ------------------------------------------------------------------------------------
 
@@ -550,7 +537,7 @@ class UpstreamProxy:
         try:
             response = await self.client().send(request, stream=True)
         except _MarkFailed:
-            _settle(scope)  # nothing left: release the key
+            outcome_known(scope)  # nothing was sent: release the key
             await _problem(
                 send,
                 "idempotency-store-unavailable",
@@ -584,7 +571,7 @@ class UpstreamProxy:
             return  # the client went away (unprotected request: nothing to capture)
         finally:
             await response.aclose()
-        _settle(scope)
+        outcome_known(scope)  # a full answer: its status decides, not the mark
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     def _request_headers(self, scope: Scope) -> list[tuple[bytes, bytes]]:
@@ -679,20 +666,6 @@ def _strip_hop_by_hop(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, b
         if lname not in HOP_BY_HOP and lname not in dropped:
             kept.append((lname, value))
     return kept
-
-
-def _settle(scope: Scope) -> None:
-    """The upstream answered in full (or nothing was sent): the answer's status decides what
-    happens to the key (stored, or released by the status policy), not the ambiguity mark.
-
-    Port note: this clears the request's ``committed`` flag, on the middleware's per-request
-    object (today) or on its flow (``context.flow``, after the sans-I/O rewrite); the flow
-    deserves an explicit input for it ("the upstream answered: settle by status").
-    """
-    context = scope.get(CONTEXT_SCOPE_KEY)
-    state = getattr(context, "flow", context)
-    if state is not None and getattr(state, "committed", False):
-        state.committed = False
 
 
 async def _problem(send: Send, slug: str, detail: str, *, retry_after: int | None = None) -> None:
