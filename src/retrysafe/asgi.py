@@ -22,6 +22,7 @@ from ._core import Decision, decide, retry_after
 from ._errors import CodecError, ConfigurationError, InvalidKeyError, StoreError
 from ._fingerprint import fingerprint
 from ._keys import parse_key, record_id
+from ._logging import LOG_LEVELS, log_event
 from ._problems import render_problem
 from ._routes import RouteTable
 from ._scope import authorization_scope, user_scope
@@ -69,6 +70,30 @@ class _RequestTooLarge(Exception):
 
 class _ClientGone(Exception):
     pass
+
+
+def _route_template(scope: Scope) -> str | None:
+    """The template of the route a request goes to (``/orders/{id}``), for metric labels.
+
+    Starlette and FastAPI put the matched route in ``scope["route"]`` once routed; before that
+    (a replay never reaches the router) the app's routes are matched here. ``None`` when
+    unknown: labels must never carry the raw path (unbounded cardinality).
+    """
+    route = scope.get("route")
+    if route is None:
+        for candidate in getattr(scope.get("app"), "routes", None) or ():
+            # A Mount's own path is only a prefix of its routes' templates: not a label.
+            if getattr(candidate, "routes", None) or not hasattr(candidate, "matches"):
+                continue
+            try:
+                match, _ = candidate.matches(scope)
+            except Exception:
+                continue
+            if getattr(match, "value", 0) == 2:  # starlette.routing.Match.FULL
+                route = candidate
+                break
+    template = getattr(route, "path_format", None) or getattr(route, "path", None)
+    return template if isinstance(template, str) else None
 
 
 class IdempotencyMiddleware:
@@ -159,6 +184,7 @@ class _Exchange:
         "mw",
         "receive",
         "record_id",
+        "route",
         "scope",
         "send",
         "token",
@@ -184,6 +210,7 @@ class _Exchange:
         self.client_gone = False
         self.lease_lost = False
         self.committed = False
+        self.route: str | bool | None = False  # False: not looked up yet
         self.tx: AsyncTransaction | None = None
         self.finalizers: list[Callable[[bool], Awaitable[None]]] = []
 
@@ -209,6 +236,7 @@ class _Exchange:
                 authorization = value
         if not keys:
             if config.required:
+                self._emit("missing_key")
                 await self._problem(
                     "idempotency-key-missing", "This route requires an Idempotency-Key header."
                 )
@@ -218,6 +246,7 @@ class _Exchange:
         try:
             key = parse_key(keys)
         except InvalidKeyError as exc:
+            self._emit("invalid_key")
             await self._problem("idempotency-key-invalid", exc.reason + ".")
             return
         if content_length > config.max_body_size:
@@ -260,6 +289,7 @@ class _Exchange:
             if decision is Decision.EXECUTE:
                 assert reservation.token is not None
                 self.token = reservation.token
+                self._emit("executed")
                 await self._execute()
                 return
             record = reservation.record
@@ -306,13 +336,12 @@ class _Exchange:
             )
         except StoreError as exc:
             if self.config.on_store_error == "fail_open":
-                logger.warning("idempotency store failed, running unprotected: %s", exc)
-                self._emit("store_error")
-                self._emit("fail_open")
+                self._emit("fail_open", error=exc)
                 await self.mw.app(self.scope, self._app_receive(), self.send)
                 return None
-            logger.error("idempotency store failed, answering 503: %s", exc)
-            await self._unavailable("The idempotency store cannot be reached; retry later.")
+            await self._unavailable(
+                "The idempotency store cannot be reached; retry later.", error=exc
+            )
             return None
 
     # -- request body --------------------------------------------------------------------------
@@ -420,8 +449,11 @@ class _Exchange:
                     raise
                 keeper.discard(self)
                 await self._abandon()
-                logger.error("store failed inside the handler of %s: %s", self.record_id[:12], exc)
-                await self._unavailable("The idempotency store cannot be reached; retry later.")
+                await self._unavailable(
+                    "The idempotency store cannot be reached; retry later.",
+                    error=exc,
+                    phase="handler",
+                )
                 return
             except Exception as exc:
                 if not finished and not status and self.tx is not None and self.tx.broken:
@@ -429,11 +461,10 @@ class _Exchange:
                     # terminated backend): a store failure, answered 503 like the others.
                     keeper.discard(self)
                     await self._abandon()
-                    logger.error(
-                        "transaction of %s lost its connection: %r", self.record_id[:12], exc
-                    )
                     await self._unavailable(
-                        "The database connection was lost; retry with the same key."
+                        "The database connection was lost; retry with the same key.",
+                        error=repr(exc),
+                        phase="transaction",
                     )
                     return
                 if not finished:
@@ -448,6 +479,7 @@ class _Exchange:
             finally:
                 if self.tx is not None:
                     await self._close_transaction()
+                self._emit("settled")
             # A finished response left the keeper at its last chunk (or stays in it while a
             # failed completion is retried in the background).
             if not finished:
@@ -517,12 +549,7 @@ class _Exchange:
                 self.record_id, self.token, data, ttl=self.config.ttl
             )
         except StoreError as exc:
-            logger.error(
-                "could not store the response of %s (%s); retrying in the background",
-                self.record_id[:12],
-                exc,
-            )
-            self._emit("completion_deferred")
+            self._emit("completion_deferred", error=exc)
             self.mw._leases().add(self)  # keep the lease alive while the completion is retried
             _keep(asyncio.ensure_future(self._complete_later(data)))
             return
@@ -552,21 +579,21 @@ class _Exchange:
             except StoreError:
                 continue
             if done:
-                logger.warning("response of %s stored after a retry", self.record_id[:12])
                 self._emit("completion_recovered")
             else:
                 self._lease_lost_at_completion()
             return
-        logger.error("gave up storing the response of %s", self.record_id[:12])
         self._emit("completion_failed")
 
     def _lease_lost_at_completion(self) -> None:
-        logger.error(
-            "the lease of %s was taken over before its response was stored: another request "
-            "may have run the operation again (renewals failed for longer than the lease)",
-            self.record_id[:12],
+        if self.lease_lost:
+            return  # already reported when a renewal found it
+        self._emit(
+            "lease_lost",
+            "the lease was taken over before its response was stored: another request may "
+            "have run the operation again (renewals failed for longer than the lease)",
+            phase="completion",
         )
-        self._emit("lease_lost")
 
     async def _finish_transaction(
         self,
@@ -609,16 +636,17 @@ class _Exchange:
             except StoreError as exc:
                 # The commit may or may not have happened; both outcomes are consistent (the
                 # writes and the record commit together), so the retry replays or runs afresh.
-                logger.error("transaction of %s failed: %s", self.record_id[:12], exc)
                 await self._close_transaction()
                 await self._release()  # a no-op if the commit did land (the record is complete)
                 await self._unavailable(
-                    "The transaction could not be committed; retry with the same key."
+                    "The transaction could not be committed; retry with the same key.",
+                    error=exc,
+                    phase="commit",
                 )
                 return
             if not done:
                 # Fenced out: our lease was taken over and the writes were rolled back.
-                self._emit("lease_lost")
+                self._emit("lease_lost", phase="commit")
                 await self._close_transaction()
                 await self._problem(
                     "idempotency-request-in-progress",
@@ -673,8 +701,9 @@ class _Exchange:
         """The effects are committed but there is no response to store: keep the key, and let
         its lease lapse now, so retries get "outcome unknown" at once, never a second run."""
         assert self.token is not None
-        logger.error("request %s failed after committing its effects", self.record_id[:12])
-        self._emit("outcome_unknown")
+        self._emit(
+            "outcome_unknown", "request failed after committing its effects", phase="declared"
+        )
         try:
             # mark_committed, not renew: it also lands if the handler's own mark never did.
             await self.mw.store.mark_committed(self.record_id, self.token, lease=0.0)
@@ -710,11 +739,29 @@ class _Exchange:
             logger.error("could not mark %s committed: %s", self.record_id[:12], exc)
             return False
 
-    def _emit(self, event: str) -> None:
+    def _emit(self, event: str, message: str | None = None, /, **extra: object) -> None:
+        """Report ``event`` to the ``on_event`` hook and, if non-trivial, the log."""
         hook = self.config.on_event
+        level = LOG_LEVELS.get(event)
+        if hook is None and level is None:
+            return  # the hot path without a hook: executed/replayed/settled cost nothing
+        scope = self.scope
+        route = self.route
+        if route is False:
+            route = self.route = _route_template(scope)
+        details: dict[str, object] = {
+            "record": self.record_id[:16] or None,
+            "path": scope.get("path"),
+            "method": scope.get("method"),
+            "route": route,
+        }
+        if extra:
+            details.update((k, str(v) if k == "error" else v) for k, v in extra.items())
+        if level is not None:
+            log_event(event, details, message)
         if hook is not None:
             try:
-                hook(event, {"record": self.record_id[:16], "path": self.scope.get("path")})
+                hook(event, details)
             except Exception:
                 logger.exception("on_event hook failed")
 
@@ -746,8 +793,9 @@ class _Exchange:
         try:
             stored = decode_response(data)
         except CodecError as exc:
-            logger.error("stored response of %s is unreadable: %s", self.record_id[:12], exc)
-            await self._unavailable("The stored response cannot be read.")
+            await self._unavailable(
+                "The stored response cannot be read.", error=exc, phase="replay"
+            )
             return
         headers = list(stored.headers)
         if stored.body_omitted:
@@ -760,14 +808,15 @@ class _Exchange:
         )
         await self.send({"type": "http.response.body", "body": stored.body, "more_body": False})
 
-    async def _unavailable(self, detail: str) -> None:
+    async def _unavailable(self, detail: str, **extra: object) -> None:
         """Answer ``503`` + ``Retry-After``: the store (or the transaction's database) failed."""
-        self._emit("store_error")
+        self._emit("store_error", **extra)
         await self._problem(
             "idempotency-store-unavailable", detail, retry_after=self.config.store_retry_after
         )
 
     async def _too_large(self) -> None:
+        self._emit("too_large")
         await self._problem(
             "idempotency-request-too-large",
             f"The request body exceeds {self.config.max_body_size} bytes.",
@@ -835,4 +884,4 @@ class _LeaseKeeper:
         if not ok and ex in self.active:
             ex.lease_lost = True
             self.discard(ex)
-            logger.error("lease of %s was taken over while its handler ran", ex.record_id[:12])
+            ex._emit("lease_lost", "lease taken over while its handler ran", phase="renew")
