@@ -1,0 +1,275 @@
+"""Prometheus metrics for retrysafe (``pip install 'retrysafe[prometheus]'``).
+
+::
+
+    from retrysafe.asgi import IdempotencyMiddleware
+    from retrysafe.contrib.prometheus import PrometheusMetrics, metrics_response
+
+    metrics = PrometheusMetrics()           # once per process (it registers the metrics)
+    app = IdempotencyMiddleware(app, **metrics.wire("redis://127.0.0.1:6379/0"))
+
+``wire`` returns the ``store`` (wrapped, so each operation's latency is observed) and the
+``on_event`` hook, labelled alike. Exported (names in :data:`METRIC_NAMES`):
+
+- ``retrysafe_requests_total{outcome,route,store}``: keyed requests by outcome (:data:`OUTCOMES`).
+- ``retrysafe_completions_total{result,store}``: responses stored late (``deferred``,
+  ``recovered``, ``failed``).
+- ``retrysafe_in_flight_requests{route,store}``: keyed requests whose handler is running.
+- ``retrysafe_store_operation_seconds{operation,store}``: latency of each store operation.
+- ``retrysafe_store_errors_total{operation,store}``: store operations that raised.
+
+``route`` is the route template (``/orders/{record_id}``), ``unmatched`` when unknown: never the
+raw path or the key. Multi-process servers (gunicorn, ``uvicorn --workers``): set
+``PROMETHEUS_MULTIPROC_DIR`` to an empty directory before the server starts; then
+:func:`metrics_response` aggregates every worker's values (prometheus_client's multiprocess
+collector), and under gunicorn call ``prometheus_client.multiprocess.mark_process_dead(pid)`` from
+its ``child_exit`` hook so a dead worker's in-flight count stops counting.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Mapping
+from types import TracebackType
+from typing import Any
+
+from .._config import EventHook
+from ..stores import AsyncStore, Store
+from ._instrument import InstrumentedStore, instrument, store_kind
+
+try:
+    from prometheus_client import (
+        CONTENT_TYPE_LATEST,
+        REGISTRY,
+        CollectorRegistry,
+        Counter,
+        Gauge,
+        Histogram,
+        generate_latest,
+    )
+    from prometheus_client import multiprocess as _multiprocess
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise ImportError(
+        "retrysafe.contrib.prometheus needs: pip install 'retrysafe[prometheus]'"
+    ) from exc
+
+__all__ = [
+    "DEFAULT_BUCKETS",
+    "METRIC_NAMES",
+    "OUTCOMES",
+    "PrometheusMetrics",
+    "metrics_response",
+]
+
+#: ``on_event`` event -> the ``outcome`` label of ``retrysafe_requests_total``.
+OUTCOMES: dict[str, str] = {
+    "executed": "executed",
+    "replayed": "replayed",
+    "conflict": "in_progress",
+    "mismatch": "mismatch",
+    "invalid_key": "invalid_key",
+    "missing_key": "missing_key",
+    "too_large": "too_large",
+    "store_error": "store_unavailable",
+    "fail_open": "fail_open",
+    "outcome_unknown": "outcome_unknown",
+    "lease_lost": "lease_lost",
+}
+
+_COMPLETIONS = {
+    "completion_deferred": "deferred",
+    "completion_recovered": "recovered",
+    "completion_failed": "failed",
+}
+
+#: Store latencies are sub-millisecond (memory, SQLite) to tens of milliseconds (remote).
+DEFAULT_BUCKETS = (0.0002, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 2.5)
+
+#: The metric names as Prometheus exposes them (counters with their ``_total`` suffix).
+METRIC_NAMES: tuple[str, ...] = (
+    "retrysafe_requests_total",
+    "retrysafe_completions_total",
+    "retrysafe_in_flight_requests",
+    "retrysafe_store_operation_seconds",
+    "retrysafe_store_errors_total",
+)
+
+_UNMATCHED = "unmatched"
+
+
+def _nothing() -> None:
+    pass
+
+
+class _Timer:
+    """Observes one store call: its latency always, an error count when it raised."""
+
+    __slots__ = ("errors", "histogram", "start")
+
+    def __init__(self, histogram: Any, errors: Any) -> None:
+        self.histogram = histogram
+        self.errors = errors
+        self.start = 0.0
+
+    def __enter__(self) -> _Timer:
+        self.start = time.perf_counter()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.histogram.observe(time.perf_counter() - self.start)
+        if exc_type is not None and issubclass(exc_type, Exception):
+            self.errors.inc()
+
+
+class PrometheusMetrics:
+    """The retrysafe metrics on one Prometheus registry.
+
+    Create it once per process and registry (a second instance on the same registry is refused
+    by prometheus_client as a duplicate).
+
+    Args:
+        registry: where the metrics are registered (default: prometheus_client's global one).
+        buckets: histogram buckets of the store latency, in seconds.
+    """
+
+    def __init__(
+        self,
+        *,
+        registry: CollectorRegistry | None = REGISTRY,
+        buckets: tuple[float, ...] = DEFAULT_BUCKETS,
+    ) -> None:
+        self.requests = Counter(
+            "retrysafe_requests",
+            "Keyed requests by outcome (executed, replayed, in_progress, mismatch...).",
+            ("outcome", "route", "store"),
+            registry=registry,
+        )
+        self.completions = Counter(
+            "retrysafe_completions",
+            "Responses whose storing failed at first: deferred, then recovered or failed.",
+            ("result", "store"),
+            registry=registry,
+        )
+        self.in_flight = Gauge(
+            "retrysafe_in_flight_requests",
+            "Keyed requests whose handler is running.",
+            ("route", "store"),
+            registry=registry,
+            multiprocess_mode="livesum",
+        )
+        self.store_seconds = Histogram(
+            "retrysafe_store_operation_seconds",
+            "Latency of idempotency store operations.",
+            ("operation", "store"),
+            registry=registry,
+            buckets=buckets,
+        )
+        self.store_errors = Counter(
+            "retrysafe_store_errors",
+            "Idempotency store operations that raised.",
+            ("operation", "store"),
+            registry=registry,
+        )
+
+    def instrument(self, store: str | AsyncStore | Store, *, label: str | None = None) -> Any:
+        """Wrap a store so that every operation's latency (and failure) is recorded.
+
+        Args:
+            store: a store URL or instance, as the middleware takes it.
+            label: the ``store`` label (default: the backend, e.g. ``redis``).
+
+        Returns:
+            An :class:`~retrysafe.stores.AsyncStore` to give the middleware.
+        """
+        timers: dict[str, tuple[Any, Any]] = {}
+        instrumented: InstrumentedStore | None = None
+
+        def observe(operation: str) -> _Timer:
+            children = timers.get(operation)
+            if children is None:
+                assert instrumented is not None
+                name = label or store_kind(instrumented.inner)
+                children = timers[operation] = (
+                    self.store_seconds.labels(operation, name),
+                    self.store_errors.labels(operation, name),
+                )
+            return _Timer(*children)
+
+        instrumented = instrument(store, observe)
+        return instrumented
+
+    def event_hook(self, store: str) -> EventHook:
+        """Return an ``on_event`` hook that counts events under the ``store`` label ``store``.
+
+        Args:
+            store: the ``store`` label (use the same as :meth:`instrument`'s).
+
+        Returns:
+            The hook; it costs about a microsecond per event (a dict lookup and an increment).
+        """
+        actions: dict[tuple[str, object], Callable[[], None]] = {}
+
+        def on_event(event: str, details: Mapping[str, Any]) -> None:
+            route = details.get("route")
+            action = actions.get((event, route))
+            if action is None:
+                action = actions[(event, route)] = self._action(event, route, store)
+            action()
+
+        return on_event
+
+    def _action(self, event: str, route: object, store: str) -> Callable[[], None]:
+        label = route if isinstance(route, str) and route else _UNMATCHED
+        if event == "settled":
+            return self.in_flight.labels(label, store).dec
+        if event in _COMPLETIONS:
+            return self.completions.labels(_COMPLETIONS[event], store).inc
+        outcome = OUTCOMES.get(event)
+        if outcome is None:
+            return _nothing  # an event these metrics do not count
+        count = self.requests.labels(outcome, label, store).inc
+        if event != "executed":
+            return count
+        start = self.in_flight.labels(label, store).inc
+
+        def executed() -> None:
+            count()
+            start()
+
+        return executed
+
+    def wire(self, store: str | AsyncStore | Store, *, label: str | None = None) -> dict[str, Any]:
+        """The middleware options that turn both on: ``store`` (instrumented) and ``on_event``.
+
+        Args:
+            store: a store URL or instance.
+            label: the ``store`` label (default: the backend, e.g. ``redis``).
+
+        Returns:
+            ``{"store": ..., "on_event": ...}``, for ``IdempotencyMiddleware(app, **options)``.
+        """
+        instrumented = self.instrument(store, label=label)
+        name = label or store_kind(instrumented)
+        return {"store": instrumented, "on_event": self.event_hook(name)}
+
+
+def metrics_response(registry: CollectorRegistry | None = None) -> tuple[bytes, str]:
+    """Render the metrics for a ``/metrics`` endpoint.
+
+    With ``PROMETHEUS_MULTIPROC_DIR`` set, the values of every process of the server are
+    aggregated (prometheus_client's multiprocess collector); else ``registry`` (default: the
+    global one) is rendered.
+
+    Returns:
+        ``(body, content_type)``.
+    """
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        registry = CollectorRegistry()
+        _multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+    return generate_latest(registry or REGISTRY), CONTENT_TYPE_LATEST
