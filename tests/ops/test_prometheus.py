@@ -212,3 +212,20 @@ def test_a_second_instance_on_one_registry_is_refused() -> None:
     PrometheusMetrics(registry=registry)
     with pytest.raises(ValueError, match="Duplicated"):
         PrometheusMetrics(registry=registry)
+
+
+async def test_a_request_without_a_known_route_is_labelled_unmatched() -> None:
+    """A bare ASGI app has no route table: the label is fixed, never the raw path."""
+    registry = CollectorRegistry()
+    metrics = PrometheusMetrics(registry=registry)
+
+    async def bare(scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 201, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    app = IdempotencyMiddleware(bare, **metrics.wire("memory://"))
+    async with client_for(app) as client:
+        for path in ("/a/1", "/a/2"):
+            assert (await client.post(path, headers=key(path))).status_code == 201
+    labels = {"outcome": "executed", "route": "unmatched", "store": "memory"}
+    assert registry.get_sample_value("retrysafe_requests_total", labels) == 2
