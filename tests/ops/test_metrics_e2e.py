@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -125,10 +126,16 @@ def test_metrics_of_both_workers_add_up_in_every_scrape(two_workers: tuple[str, 
     )
     assert missing.status_code == 400
     assert missing.json()["code"] == "idempotency_key_missing"
+    total = "retrysafe_requests_total"
+    orders = {"route": "/orders", "store": "sqlite"}
+    # Each worker writes its counts out every second (multiprocess mode): wait for them.
+    deadline = time.monotonic() + 10
+    while _get(_scrape(url), total, outcome="mismatch", **orders) < 1:
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    time.sleep(1.2)  # one more flush period: every worker has written everything
     for _ in range(6):
         samples = _scrape(url)
-        total = "retrysafe_requests_total"
-        orders = {"route": "/orders", "store": "sqlite"}
         assert _get(samples, total, outcome="executed", **orders) == new_keys
         assert _get(samples, total, outcome="replayed", **orders) == replays
         assert _get(samples, total, outcome="mismatch", **orders) == 1
@@ -143,3 +150,37 @@ def test_metrics_of_both_workers_add_up_in_every_scrape(two_workers: tuple[str, 
         # Never a raw path or key in a label.
         for _, labels in samples:
             assert all('"k' not in v and not v.startswith("/orders/") for _, v in labels)
+
+
+def _in_flight(url: str) -> float:
+    return _get(_scrape(url), "retrysafe_in_flight_requests", route="/orders", store="sqlite")
+
+
+def test_in_flight_gauge_shows_a_running_request_to_every_scrape(
+    two_workers: tuple[str, Path],
+) -> None:
+    url, _ = two_workers
+    with httpx.Client(timeout=30) as client:
+        done: list[int] = []
+
+        def slow() -> None:
+            headers = {**JSON, "Idempotency-Key": '"slow"'}
+            done.append(
+                client.post(
+                    url + "/orders?delay_ms=3000", content=ORDER, headers=headers
+                ).status_code
+            )
+
+        worker = threading.Thread(target=slow)
+        worker.start()
+        deadline = time.monotonic() + 10
+        while _in_flight(url) != 1:  # written within a flush period
+            assert time.monotonic() < deadline and worker.is_alive()
+            time.sleep(0.1)
+        assert [_in_flight(url) for _ in range(4)] == [1, 1, 1, 1]  # whichever worker answers
+        worker.join(timeout=20)
+        assert done == [201]
+        deadline = time.monotonic() + 10
+        while _in_flight(url) != 0:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
