@@ -189,3 +189,35 @@ async def test_transactional_mode_begin_and_commit_are_spans(tmp_path: Path) -> 
         assert (await client.post("/orders/1", headers=key("t"))).status_code == 201
     names = sorted(s.name for s in t.spans() if s.name.startswith("retrysafe."))
     assert names == ["retrysafe.begin", "retrysafe.commit", "retrysafe.reserve"]
+
+
+async def test_prometheus_and_otel_wrappers_nest_and_both_observe(tmp_path: Path) -> None:
+    from prometheus_client import CollectorRegistry
+
+    from retrysafe.contrib.prometheus import PrometheusMetrics
+
+    registry = CollectorRegistry()
+    metrics = PrometheusMetrics(registry=registry)
+    t = Traced(AsyncMemoryStore())  # for its exporter and tracing object
+    store = t.tracing.instrument(metrics.instrument(AsyncSQLiteStore(f"{tmp_path}/n.db")))
+    assert callable(getattr(store, "begin", None))  # still a SQL store, through both wrappers
+    count = metrics.event_hook("sqlite")
+
+    def both(event: str, details: Any) -> None:
+        count(event, details)
+        t.tracing.on_event(event, details)
+
+    app = IdempotencyMiddleware(
+        Starlette(routes=[Route("/x", lambda r: JSONResponse({}, 201), methods=["POST"])]),
+        store=store,
+        on_event=both,
+    )
+    async with client_for(app) as client:
+        assert (await client.post("/x", headers=key("n"))).status_code == 201
+    assert sorted(s.name for s in t.spans()) == ["retrysafe.complete", "retrysafe.reserve"]
+    reserve = next(s for s in t.spans() if s.name == "retrysafe.reserve")
+    assert _attrs(reserve)["db.system.name"] == "sqlite"
+    labels = {"operation": "reserve", "store": "sqlite"}
+    assert registry.get_sample_value("retrysafe_store_operation_seconds_count", labels) == 1
+    executed = {"outcome": "executed", "route": "unmatched", "store": "sqlite"}
+    assert registry.get_sample_value("retrysafe_requests_total", executed) == 1
