@@ -22,8 +22,8 @@
 raw path or the key. Multi-process servers (gunicorn, ``uvicorn --workers``): set
 ``PROMETHEUS_MULTIPROC_DIR`` to an empty directory before the server starts; then
 :func:`metrics_response` aggregates every worker's values (prometheus_client's multiprocess
-collector), and under gunicorn call ``prometheus_client.multiprocess.mark_process_dead(pid)`` from
-its ``child_exit`` hook so a dead worker's in-flight count stops counting. In that mode the
+collector); under gunicorn put ``from retrysafe.contrib.prometheus import gunicorn_child_exit as
+child_exit`` in its config file, so a dead worker's in-flight count stops counting. In that mode the
 request counters and the gauge are written by a thread every ``flush_interval`` (1 s), so a
 scrape may lag the requests by that much; the hot path then writes no file.
 """
@@ -63,6 +63,7 @@ __all__ = [
     "METRIC_NAMES",
     "OUTCOMES",
     "PrometheusMetrics",
+    "gunicorn_child_exit",
     "metrics_response",
 ]
 
@@ -386,3 +387,20 @@ def metrics_response(registry: CollectorRegistry | None = None) -> tuple[bytes, 
         registry = CollectorRegistry()
         _multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
     return generate_latest(registry or REGISTRY), CONTENT_TYPE_LATEST
+
+
+def gunicorn_child_exit(server: Any, worker: Any) -> None:
+    """gunicorn's ``child_exit`` hook for multiprocess metrics.
+
+    A worker that died (crashed, killed, recycled) leaves its files behind; this drops its
+    live gauges (the in-flight count of requests it was running when it died), while its
+    counters keep counting in the totals. In ``gunicorn.conf.py``::
+
+        from retrysafe.contrib.prometheus import gunicorn_child_exit as child_exit
+
+    Args:
+        server: gunicorn's arbiter (unused).
+        worker: the worker that exited.
+    """
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        _multiprocess.mark_process_dead(worker.pid)  # type: ignore[no-untyped-call]
