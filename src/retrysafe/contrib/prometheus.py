@@ -158,6 +158,7 @@ class PrometheusMetrics:
         self._multiprocess = _values.ValueClass is not _values.MutexValue
         self._flush_interval = flush_interval
         self._lock = threading.Lock()
+        self._flush_lock = threading.Lock()
         self._batches: list[tuple[Any, bool, list[int]]] = []  # (child, is_gauge, [value])
         self._written: list[int] = []
         self._pending: list[tuple[Any, list[float]]] = []  # (histogram child, latencies)
@@ -324,14 +325,17 @@ class PrometheusMetrics:
         """Write the values of multiprocess mode out now (a thread does it every
         ``flush_interval``; call this before a worker exits, e.g. from gunicorn's
         ``worker_exit`` hook). A no-op in one process, where nothing waits."""
-        with self._lock:
-            for child, pending in self._pending:
-                taken = pending[:]
-                del pending[: len(taken)]  # values appended meanwhile stay for the next pass
+        # The file writes happen outside self._lock, which the request path takes.
+        with self._flush_lock:
+            with self._lock:
+                pending = list(self._pending)
+                values = [(child, is_gauge, cell[0]) for child, is_gauge, cell in self._batches]
+                written = self._written
+            for child, latencies in pending:
+                taken = latencies[:]
+                del latencies[: len(taken)]  # values appended meanwhile stay for the next pass
                 for seconds in taken:
                     child.observe(seconds)
-            values = [(child, is_gauge, cell[0]) for child, is_gauge, cell in self._batches]
-            written = self._written
             for i, (child, is_gauge, value) in enumerate(values):
                 if value == written[i]:
                     continue
@@ -350,6 +354,7 @@ class PrometheusMetrics:
         # A forked worker starts from zero (none of the parent's requests runs in it; the
         # parent's unwritten counts are the parent's) and its flusher did not survive the fork.
         self._lock = threading.Lock()
+        self._flush_lock = threading.Lock()
         self._batches = []
         self._written = []
         self._pending = []
