@@ -141,7 +141,8 @@ class PrometheusMetrics:
     Args:
         registry: where the metrics are registered (default: prometheus_client's global one).
         buckets: histogram buckets of the store latency, in seconds.
-        flush_interval: in multiprocess mode, how often the in-flight gauge is written.
+        flush_interval: in multiprocess mode, how often the counts, latencies and in-flight
+            gauge are written out (seconds).
     """
 
     def __init__(
@@ -164,7 +165,8 @@ class PrometheusMetrics:
         self._pending: list[tuple[Any, list[float]]] = []  # (histogram child, latencies)
         self._flusher: threading.Thread | None = None
         self._flight: dict[tuple[str, str], list[int]] = {}
-        self._action_caches: list[dict[tuple[str, object], Callable[[], None]]] = []
+        # Every cache of metric children (hooks, store timers): emptied in a forked child.
+        self._action_caches: list[dict[Any, Any]] = []
         os.register_at_fork(after_in_child=self._after_fork)
         self.requests = Counter(
             "retrysafe_requests",
@@ -210,6 +212,7 @@ class PrometheusMetrics:
             An :class:`~retrysafe.stores.AsyncStore` to give the middleware.
         """
         timers: dict[str, tuple[Callable[[float], None], Callable[[], None]]] = {}
+        self._action_caches.append(timers)
         instrumented: InstrumentedStore | None = None
 
         def observe(operation: str) -> _Timer:
