@@ -95,10 +95,14 @@ class IdempotencyConfig:
         transactional: run each keyed request in a database transaction of the SQL store
             (SQLite, PostgreSQL): the handler's writes on :func:`retrysafe.transaction`'s
             connection commit together with the stored response (exactly-once effects).
-        on_event: called as ``hook(event, details)`` for ``replayed``, ``conflict``,
-            ``mismatch``, ``outcome_unknown``, ``store_error``, ``fail_open``,
+        on_event: called as ``hook(event, details)`` for ``executed``, ``settled``,
+            ``replayed``, ``conflict``, ``mismatch``, ``missing_key``, ``invalid_key``,
+            ``too_large``, ``outcome_unknown``, ``store_error`` (answered 503), ``fail_open``,
             ``completion_deferred``, ``completion_recovered``, ``completion_failed`` and
-            ``lease_lost`` (metrics, alerts); it must not block.
+            ``lease_lost``; ``details`` carries ``record`` (a hashed prefix, never the key),
+            ``method``, ``path``, ``route`` (the template when known), and ``error``/``phase``
+            where they apply (metrics, alerts: :mod:`retrysafe.contrib.prometheus`). It must not
+            block.
         problem_type_base: prefix of the RFC 9457 ``type`` of error responses.
         documentation_url: when set, errors carry ``Link: <url>; rel="describedby"``.
         detach_handler: run the handler in a task of its own, so that a server that cancels the

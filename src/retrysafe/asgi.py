@@ -19,7 +19,7 @@ from ._async.runner import AsyncExchange, AsyncRunner
 from ._config import IdempotencyConfig, front_config
 from ._flow import EXECUTE, RUN_UNPROTECTED, Answer, Capture, Flow, admit, notify, too_large
 from ._request import Request, content_length
-from ._routes import RouteTable
+from ._routes import RouteTable, route_template
 from ._transaction import CONTEXT_SCOPE_KEY
 from .stores import AsyncStore, Store, resolve_async_store
 
@@ -69,7 +69,7 @@ def request_from_scope(scope: Scope) -> Request:
     method, path, query = scope["method"], scope["path"], scope.get("query_string", b"")
     return Request(
         method, path, query, keys, content_length(length), content_type, authorization,
-        scope.get("user"), headers,
+        scope.get("user"), headers, source=scope, find_route=route_template,
     )  # fmt: skip
 
 

@@ -1,4 +1,4 @@
-"""The ``retrysafe`` command: demo, proxy, purge, check, inspect, resolve, schema.
+"""The ``retrysafe`` command: demo, proxy, purge, check, inspect, resolve, schema, stats.
 
 Only here (and in framework adapters) is the environment read: ``RETRYSAFE_STORE_URL`` is the
 default of every ``--store``.
@@ -157,6 +157,8 @@ def _proxy_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 
 
 def _purge(args: argparse.Namespace) -> int:
+    if args.dry_run:
+        return _purge_dry_run(args)
     store = store_from_url(args.store)
     try:
         print(f"purged {store.purge_expired()} expired records")
@@ -235,6 +237,73 @@ def _schema(args: argparse.Namespace) -> int:
     return 0
 
 
+def _purge_dry_run(args: argparse.Namespace) -> int:
+    from ._stats import store_stats
+
+    store = store_from_url(args.store)
+    try:
+        expired = store_stats(store).expired
+    finally:
+        store.close()
+    if args.store.startswith(("redis://", "rediss://")):
+        print("would purge 0 expired records (Redis expires records by itself)")
+    else:
+        print(f"would purge {expired} expired records (dry run: nothing deleted)")
+    return 0
+
+
+def _stats(args: argparse.Namespace) -> int:
+    import json
+
+    from ._stats import store_stats
+
+    store = store_from_url(args.store)
+    try:
+        stats = store_stats(store)
+    finally:
+        store.close()
+    left = stats.oldest_in_progress_retention_left
+    oldest = None if left is None else max(0.0, args.ttl - left)
+    if args.json:
+        print(json.dumps({**stats.as_dict(), "oldest_in_progress_age": oldest}, sort_keys=True))
+    else:
+        print(f"store: {args.store.split('://')[0]}")
+        print(f"completed: {stats.completed}")
+        print(
+            f"in progress: {stats.in_progress + stats.committed} ({stats.committed} with "
+            "effects committed)"
+        )
+        if oldest is None:
+            print("oldest in progress: none")
+        else:
+            print(f"oldest in progress: started {oldest:.0f} s ago (for --ttl {args.ttl:g})")
+        print(
+            f"outcome unknown: {stats.outcome_unknown}"
+            + (" (retrysafe inspect / resolve)" if stats.outcome_unknown else "")
+        )
+        print(f"lease lapsed (taken over on retry): {stats.lapsed}")
+        print(f"expired (retrysafe purge deletes them): {stats.expired}")
+    return 1 if args.fail_on_unknown and stats.outcome_unknown else 0
+
+
+def _stats_parser(sub: Any) -> None:
+    stats = sub.add_parser("stats", help="count records by state (in progress, outcome unknown)")
+    _store_arg(stats)
+    stats.add_argument(
+        "--ttl",
+        type=float,
+        default=24 * 3600.0,
+        help="the retention the app uses, seconds (ages are derived from it; default 86400)",
+    )
+    stats.add_argument("--json", action="store_true", help="one JSON object instead of text")
+    stats.add_argument(
+        "--fail-on-unknown",
+        action="store_true",
+        help="exit 1 when some key's outcome is unknown (for a monitoring check)",
+    )
+    stats.set_defaults(func=_stats)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Return the argument parser of the ``retrysafe`` command."""
     parser = argparse.ArgumentParser(prog="retrysafe", description=__doc__)
@@ -259,6 +328,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     purge = sub.add_parser("purge", help="delete expired records")
     _store_arg(purge)
+    purge.add_argument("--dry-run", action="store_true", help="only count what would be deleted")
     purge.set_defaults(func=_purge)
 
     check = sub.add_parser("check", help="check that a store is reachable and works")
@@ -290,6 +360,7 @@ def build_parser() -> argparse.ArgumentParser:
     schema.add_argument("action", choices=["apply"])
     _store_arg(schema)
     schema.set_defaults(func=_schema)
+    _stats_parser(sub)
     return parser
 
 

@@ -114,8 +114,9 @@ class AsyncExchange:
 
     async def end(self) -> None:
         """The request is over (whatever happened): close what is still open."""
-        if self.flow.in_tx:
-            await self._drive(self.flow.close())
+        steps = self.flow.finish()
+        if steps is not None:
+            await self._drive(steps)
 
     # -- the handler's context ---------------------------------------------------------------
 
@@ -183,7 +184,10 @@ class AsyncExchange:
         if op is RELEASE:
             return await self.store.release(flow.record_id, token)
         if op is EMIT:
-            notify(flow.config, arg, flow.request, flow.record_id)
+            if isinstance(arg, tuple):
+                notify(flow.config, arg[0], flow.request, flow.record_id, arg[1])
+            else:
+                notify(flow.config, arg, flow.request, flow.record_id)
             return None
         if op is RENEW:
             return await self.store.renew(flow.record_id, token, lease=flow.config.lease)

@@ -115,8 +115,9 @@ class Exchange:
 
     def end(self) -> None:
         """The request is over (whatever happened): close what is still open."""
-        if self.flow.in_tx:
-            self._drive(self.flow.close())
+        steps = self.flow.finish()
+        if steps is not None:
+            self._drive(steps)
 
     # -- the handler's context ---------------------------------------------------------------
 
@@ -184,7 +185,10 @@ class Exchange:
         if op is RELEASE:
             return self.store.release(flow.record_id, token)
         if op is EMIT:
-            notify(flow.config, arg, flow.request, flow.record_id)
+            if isinstance(arg, tuple):
+                notify(flow.config, arg[0], flow.request, flow.record_id, arg[1])
+            else:
+                notify(flow.config, arg, flow.request, flow.record_id)
             return None
         if op is RENEW:
             return self.store.renew(flow.record_id, token, lease=flow.config.lease)

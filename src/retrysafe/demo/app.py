@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 from importlib import resources
@@ -46,6 +47,20 @@ def same_database(store_url: str, db_url: str) -> bool:
         store_base = store_base.replace(scheme, "postgresql://", 1)
         db_base = db_base.replace(scheme, "postgresql://", 1)
     return store_base.startswith("postgresql://") and store_base == db_base
+
+
+@functools.cache
+def _metrics() -> Any:
+    """The process's Prometheus metrics, or ``None`` without prometheus_client.
+
+    Once per process: the metrics register on prometheus_client's global registry, and tests
+    build several apps in one process.
+    """
+    try:
+        from ..contrib.prometheus import PrometheusMetrics
+    except ImportError:
+        return None
+    return PrometheusMetrics()
 
 
 def _problem(status: int, title: str, detail: str) -> Response:
@@ -176,6 +191,19 @@ def create_app(
     async def failed(request: Request, exc: Exception) -> Response:
         return _problem(500, "Handler failed", str(exc))
 
+    on_event = None
+    metrics = _metrics()
+    if metrics is not None:
+        # Count every outcome and time every store call; GET /metrics serves them.
+        wired = metrics.wire(idempotency_store)
+        idempotency_store, on_event = wired["store"], wired["on_event"]
+
+    async def metrics_endpoint(request: Request) -> Response:
+        from ..contrib.prometheus import metrics_response
+
+        body, content_type = metrics_response()
+        return Response(body, media_type=content_type)
+
     routes = [
         Route("/", index),
         Route("/orders", create_order, methods=["POST"]),
@@ -186,7 +214,9 @@ def create_app(
         Route("/payments/{record_id:int}", _detail("payments", database)),
         Route("/reset", reset, methods=["POST"]),
     ]
-    config = IdempotencyConfig(ttl=ttl, lease=lease, transactional=transactional)
+    if metrics is not None:
+        routes.append(Route("/metrics", metrics_endpoint, methods=["GET"]))
+    config = IdempotencyConfig(ttl=ttl, lease=lease, transactional=transactional, on_event=on_event)
     # mypy cannot match a constructor with **options against Starlette's ParamSpec factory.
     middleware = [Middleware(IdempotencyMiddleware, store=idempotency_store, config=config)]  # type: ignore[arg-type]
     return Starlette(routes=routes, middleware=middleware, exception_handlers={DemoFailure: failed})
