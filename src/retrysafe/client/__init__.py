@@ -13,7 +13,7 @@ requests; a missing one is an ``ImportError`` naming the extra to install.
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any
+import typing
 
 from ._errors import ClientError, KeyReusedError, OutcomeUnknownError, RetriesExhaustedError
 from ._journal import Journal, JournalEntry, Operation, SQLiteJournal, current_operation
@@ -28,7 +28,7 @@ from ._policy import (
     retry_info,
 )
 
-if TYPE_CHECKING:
+if typing.TYPE_CHECKING:
     from ._httpx import AsyncRetryingTransport, RetryingTransport
     from ._requests import RetryingAdapter
 
@@ -63,7 +63,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> typing.Any:
     # PEP 562: the transports import their HTTP library only when first asked for.
     if name not in _LAZY:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
