@@ -470,7 +470,8 @@ class RetryCall:
                 payload["key"] = self.key
         if self.operation is not None:
             payload["operation_id"] = self.operation.id
-        level = logging.WARNING if event == "give_up" else logging.DEBUG
+        # The caller gets the verdict itself (a response or an exception): no warnings here.
+        level = logging.INFO if event == "give_up" else logging.DEBUG
         if _logger.isEnabledFor(level):
             _logger.log(level, "retrysafe.client %s %s", event, payload)
         hook = self.policy.on_event
