@@ -49,10 +49,8 @@ def _headers(response: httpx.Response) -> dict[str, str]:
     return {name.lower(): value for name, value in response.headers.items()}
 
 
-def _finish(call: RetryCall, response: httpx.Response, settled: bool) -> httpx.Response:
+def _finish(call: RetryCall, response: httpx.Response) -> httpx.Response:
     response.extensions["retrysafe"] = call.info()
-    if settled and call.operation is not None:
-        call.operation.finish(response.status_code)
     return response
 
 
@@ -108,7 +106,9 @@ class RetryingTransport(httpx.BaseTransport):
             if decision.error is not None:
                 response.close()
                 raise decision.error
-            return _finish(call, response, decision.settled)
+            if decision.settled and call.operation is not None:
+                call.operation.finish(response.status_code)
+            return _finish(call, response)
 
     def close(self) -> None:
         """Close the wrapped transport."""
@@ -162,7 +162,10 @@ class AsyncRetryingTransport(httpx.AsyncBaseTransport):
             if decision.error is not None:
                 await response.aclose()
                 raise decision.error
-            return _finish(call, response, decision.settled)
+            if decision.settled and call.operation is not None:
+                # A durable (fsynced) write: off the event loop.
+                await asyncio.to_thread(call.operation.finish, response.status_code)
+            return _finish(call, response)
 
     async def aclose(self) -> None:
         """Close the wrapped transport."""
