@@ -49,7 +49,7 @@ def _headers(response: httpx.Response) -> dict[str, str]:
     return {name.lower(): value for name, value in response.headers.items()}
 
 
-def _finish(call: RetryCall, response: httpx.Response) -> httpx.Response:
+def _annotate(call: RetryCall, response: httpx.Response) -> httpx.Response:
     response.extensions["retrysafe"] = call.info()
     return response
 
@@ -108,7 +108,7 @@ class RetryingTransport(httpx.BaseTransport):
                 raise decision.error
             if decision.settled and call.operation is not None:
                 call.operation.finish(response.status_code)
-            return _finish(call, response)
+            return _annotate(call, response)
 
     def close(self) -> None:
         """Close the wrapped transport."""
@@ -165,7 +165,7 @@ class AsyncRetryingTransport(httpx.AsyncBaseTransport):
             if decision.settled and call.operation is not None:
                 # A durable (fsynced) write: off the event loop.
                 await asyncio.to_thread(call.operation.finish, response.status_code)
-            return _finish(call, response)
+            return _annotate(call, response)
 
     async def aclose(self) -> None:
         """Close the wrapped transport."""
