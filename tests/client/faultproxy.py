@@ -9,6 +9,7 @@ distinct key seen gets ``plan(n)``, a list of faults for its first attempts; lat
 - ``"drop"``: forwarded and answered by the server, then the connection is closed without a
   byte of the answer (the lost response: the order exists, the client does not know);
 - ``"drop_rst"``: the same, closed with a reset;
+- ``"truncate"``: forwarded and answered, but only the head and half the body are sent back;
 - ``"delay"``: forwarded and answered, but the answer is held ``hold`` seconds (past the
   client's read timeout).
 """
@@ -24,7 +25,7 @@ from collections.abc import Callable
 
 __all__ = ["FORWARDING_FAULTS", "FaultProxy"]
 
-FORWARDING_FAULTS = frozenset({"drop", "drop_rst", "delay"})
+FORWARDING_FAULTS = frozenset({"drop", "drop_rst", "delay", "truncate"})
 _503 = b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nContent-Length: 0\r\n\r\n"
 
 
@@ -140,6 +141,11 @@ class FaultProxy:
                     return
                 if fault == "drop_rst":
                     _reset(writer)
+                    return
+                if fault == "truncate":
+                    head_end = answer.index(b"\r\n\r\n") + 4
+                    writer.write(answer[: head_end + (len(answer) - head_end) // 2])
+                    await writer.drain()
                     return
                 if fault == "delay":
                     await asyncio.sleep(self.hold)

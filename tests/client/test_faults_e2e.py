@@ -42,6 +42,8 @@ SCHEDULES: list[list[str]] = [
     ["reset", "drop", "drop"],
     ["503", "drop"],
     ["drop", "reset", "drop_rst"],
+    ["truncate"],
+    ["reset", "truncate", "delay"],
 ]
 OPERATIONS = len(SCHEDULES)
 TIMEOUT = 2.5  # the client's read timeout; "delay" holds answers longer

@@ -4,6 +4,10 @@ Both wrap any transport (``httpx.HTTPTransport()`` by default) and only translat
 a :class:`Failure`, responses to status + headers (+ a problem body), decisions to sleeps. Bodies
 given as bytes, text, JSON or a form are resent; iterator and multipart bodies cannot be replayed
 reliably, so such a request is sent once (and a failure raises as without the transport).
+
+The answer to a keyed call is read whole inside the transport, so a connection lost in the middle
+of the body is retried with the same key (and replayed) rather than surfacing after the call has
+ended; answers to calls without a key stream as usual.
 """
 
 from __future__ import annotations
@@ -87,6 +91,12 @@ class RetryingTransport(httpx.BaseTransport):
             call.attempt()
             try:
                 response = self.transport.handle_request(request)
+                if call.key is not None or call.wants_body(response.status_code):
+                    try:
+                        response.read()
+                    except BaseException:
+                        response.close()
+                        raise
             except httpx.TransportError as exc:
                 decision = call.on_error(classify(exc), type(exc).__name__)
                 if decision.action == "retry":
@@ -95,9 +105,7 @@ class RetryingTransport(httpx.BaseTransport):
                 if decision.error is not None:
                     raise decision.error from exc
                 raise
-            body = None
-            if call.wants_body(response.status_code):
-                body = response.read()
+            body = response.content if call.wants_body(response.status_code) else None
             decision = call.on_response(response.status_code, _headers(response), body)
             if decision.action == "retry":
                 response.close()
@@ -143,6 +151,12 @@ class AsyncRetryingTransport(httpx.AsyncBaseTransport):
             call.attempt()
             try:
                 response = await self.transport.handle_async_request(request)
+                if call.key is not None or call.wants_body(response.status_code):
+                    try:
+                        await response.aread()
+                    except BaseException:
+                        await response.aclose()
+                        raise
             except httpx.TransportError as exc:
                 decision = call.on_error(classify(exc), type(exc).__name__)
                 if decision.action == "retry":
@@ -151,9 +165,7 @@ class AsyncRetryingTransport(httpx.AsyncBaseTransport):
                 if decision.error is not None:
                     raise decision.error from exc
                 raise
-            body = None
-            if call.wants_body(response.status_code):
-                body = await response.aread()
+            body = response.content if call.wants_body(response.status_code) else None
             decision = call.on_response(response.status_code, _headers(response), body)
             if decision.action == "retry":
                 await response.aclose()
