@@ -77,6 +77,7 @@ class FaultProxy:
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._server: asyncio.Server | None = None
         self._lock = threading.Lock()
+        self._writers: set[asyncio.StreamWriter] = set()
 
     @property
     def url(self) -> str:
@@ -99,6 +100,11 @@ class FaultProxy:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            for writer in list(self._writers):
+                writer.close()
+            # Let the transports finish closing their sockets before the loop stops.
+            for _ in range(3):
+                await asyncio.sleep(0.01)
 
         asyncio.run_coroutine_threadsafe(shutdown(), self._loop).result(timeout=10)
         self._loop.call_soon_threadsafe(self._loop.stop)
@@ -118,6 +124,7 @@ class FaultProxy:
             return fault
 
     async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._writers.add(writer)
         try:
             while True:
                 try:
@@ -156,8 +163,8 @@ class FaultProxy:
         except (ConnectionError, asyncio.IncompleteReadError):
             return
         finally:
-            if not writer.transport.is_closing():
-                writer.close()
+            writer.close()
+            self._writers.discard(writer)
 
     async def _forward(self, request: bytes) -> bytes:
         reader, writer = await asyncio.open_connection("127.0.0.1", self.upstream_port)

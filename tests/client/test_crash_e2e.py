@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ from retrysafe.client import SQLiteJournal
 from ..conftest import RUN_ID
 from ..e2e.servers import DemoServer
 from .conftest import orders_by_item
+from .faultproxy import FaultProxy
 
 pytestmark = pytest.mark.e2e
 
@@ -46,14 +48,31 @@ def client(url: str, journal: Path, operation_ids: list[str]) -> subprocess.Pope
     )
 
 
+@pytest.fixture
+def watching_proxy(orderhub: DemoServer) -> Iterator[FaultProxy]:
+    """A proxy that injects nothing: it tells when a request has fully left the client."""
+    proxy = FaultProxy(orderhub.port, lambda n: [])
+    proxy.start()
+    yield proxy
+    proxy.stop()
+
+
+def wait_for(condition: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.01)
+
+
 def test_sigkilled_client_rerun_with_the_same_operations_makes_one_order_each(
-    orderhub: DemoServer, tmp_path: Path
+    orderhub: DemoServer, watching_proxy: FaultProxy, tmp_path: Path
 ) -> None:
     prefix = f"{RUN_ID}-crash-"
     ids = [f"{prefix}{i}" for i in range(OPERATIONS)]
     journal_path = tmp_path / "journal.db"
+    journal = SQLiteJournal(journal_path)
 
-    first = client(orderhub.url, journal_path, ids)
+    first = client(watching_proxy.url, journal_path, ids)
     assert first.stdout is not None
     finished_first: list[dict[str, object]] = []
     try:
@@ -64,7 +83,11 @@ def test_sigkilled_client_rerun_with_the_same_operations_makes_one_order_each(
                 break
         else:
             pytest.fail(f"the client ended early: {first.stderr.read() if first.stderr else ''}")
-        time.sleep(DELAY_MS / 1000 / 3)  # the request is on the wire, the handler sleeps
+        # Kill once the whole request has left the client (the handler then sleeps DELAY_MS).
+        wait_for(lambda: journal.get(ids[KILL_AT]) is not None, "operation never journaled")
+        entry = journal.get(ids[KILL_AT])
+        assert entry is not None
+        wait_for(lambda: watching_proxy.seen[f'"{entry.key}"'] == 1, "request never sent")
         first.send_signal(signal.SIGKILL)
     finally:
         first.wait(timeout=10)
@@ -76,16 +99,14 @@ def test_sigkilled_client_rerun_with_the_same_operations_makes_one_order_each(
 
     # The server finished the killed client's order on its own: the effect exists, and the
     # client never learned of it.
-    deadline = time.monotonic() + 10
-    while orders_by_item(orderhub, ids[KILL_AT])[ids[KILL_AT]] == 0:
-        assert time.monotonic() < deadline, "the in-flight order never appeared"
-        time.sleep(0.05)
-    journal = SQLiteJournal(journal_path)
+    wait_for(
+        lambda: orders_by_item(orderhub, ids[KILL_AT])[ids[KILL_AT]] == 1,
+        "the in-flight order never appeared",
+    )
     killed_key = journal.get(ids[KILL_AT])
-    journal.close()
     assert killed_key is not None and killed_key.finished_at is None
 
-    second = client(orderhub.url, journal_path, ids)
+    second = client(watching_proxy.url, journal_path, ids)
     out, err = second.communicate(timeout=60)
     assert second.returncode == 0, err
     results = [json.loads(line) for line in out.splitlines() if line.startswith("{")]

@@ -35,7 +35,7 @@ pytestmark = pytest.mark.e2e
 
 def patient_policy(events: list[tuple[str, dict[str, object]]] | None = None) -> RetryPolicy:
     return RetryPolicy(
-        max_attempts=60,
+        max_attempts=200,
         deadline=30,
         backoff_initial=0.05,
         backoff_max=0.25,
