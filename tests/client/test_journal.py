@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from retrysafe import ConfigurationError
-from retrysafe.client import Journal, Operation, SQLiteJournal, current_operation
+from retrysafe.client import Journal, Operation, RetryPolicy, SQLiteJournal, current_operation
 
 from ..clock import FakeClock
 
@@ -160,3 +160,31 @@ async def test_async_operations_are_bound_per_task(tmp_path: Path) -> None:
     assert (seen["a"].id, seen["b"].id) == ("a", "b")
     assert current_operation() is None
     journal.close()
+
+
+class DictJournal:
+    """A journal kept elsewhere (here: a dict), through the documented two-method protocol."""
+
+    def __init__(self) -> None:
+        self.keys: dict[str, str] = {}
+        self.finished: dict[str, int] = {}
+
+    def claim(self, operation_id: str, key: str) -> str:
+        return self.keys.setdefault(operation_id, key)
+
+    def finish(self, operation_id: str, status: int) -> None:
+        self.finished[operation_id] = status
+
+
+def test_any_journal_with_claim_and_finish_binds_keys() -> None:
+    journal = DictJournal()
+    assert isinstance(journal, Journal)
+    op = Operation.open(journal, "checkout-7")
+    assert Operation.open(journal, "checkout-7").key == op.key == journal.keys["checkout-7"]
+    with op:
+        call = RetryPolicy().start("POST", operation=current_operation())
+    assert (call.key, call.header_to_add) == (op.key, op.header_value)
+    op.finish(201)
+    assert journal.finished == {"checkout-7": 201}
+    with pytest.raises(ConfigurationError):
+        Operation.open(journal, "")

@@ -348,6 +348,24 @@ def test_log_keys_adds_the_raw_key_and_give_up_is_an_event() -> None:
     assert events[-1][1]["reason"] == "max_attempts"
 
 
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        (
+            "https://user:pw@api.example:8443/v1/orders?token=s#frag",
+            "https://api.example:8443/v1/orders",
+        ),
+        ("http://h/orders", "http://h/orders"),
+        ("", ""),
+    ],
+)
+def test_event_urls_drop_query_fragment_and_credentials(url: str, shown: str) -> None:
+    events: list[dict[str, object]] = []
+    call = policy(on_event=lambda e, d: events.append(d)).start("POST", url)
+    call.attempt()
+    assert events[0]["url"] == shown
+
+
 def test_a_failing_hook_does_not_fail_the_call(caplog: pytest.LogCaptureFixture) -> None:
     def hook(event: str, details: dict[str, object]) -> None:
         raise RuntimeError("metrics down")

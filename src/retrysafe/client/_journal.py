@@ -67,7 +67,8 @@ class JournalEntry:
 
 @runtime_checkable
 class Journal(Protocol):
-    """Where operation keys live. Implement these two methods to keep them elsewhere."""
+    """Where operation keys live. Implement these two methods to keep them elsewhere (a table in
+    the application's database, a key-value store), then ``Operation.open(journal, id)``."""
 
     def claim(self, operation_id: str, key: str) -> str:
         """Bind ``key`` to ``operation_id`` unless a key is bound already; durable on return.
@@ -110,6 +111,23 @@ class Operation:
         self.id = operation_id
         self.key = key
         self._tokens: list[contextvars.Token[Operation | None]] = []
+
+    @classmethod
+    def open(cls, journal: Journal, operation_id: str) -> Operation:
+        """Claim a key for ``operation_id`` in any :class:`Journal` (durable on return).
+
+        Args:
+            journal: where the key is kept.
+            operation_id: the caller's id.
+
+        Returns:
+            The operation, with the key the journal holds for the id.
+
+        Raises:
+            ConfigurationError: the id is empty or too long.
+        """
+        _check_id(operation_id)
+        return cls(journal, operation_id, journal.claim(operation_id, str(uuid.uuid4())))
 
     @property
     def header_value(self) -> str:
@@ -265,12 +283,11 @@ class SQLiteJournal:
         Raises:
             ConfigurationError: the id is empty or too long.
         """
-        return Operation(self, operation_id, self.claim(operation_id, str(uuid.uuid4())))
+        return Operation.open(self, operation_id)
 
     async def aoperation(self, operation_id: str) -> Operation:
         """:meth:`operation` for async code: the durable write runs in a worker thread."""
-        key = await asyncio.to_thread(self.claim, operation_id, str(uuid.uuid4()))
-        return Operation(self, operation_id, key)
+        return await asyncio.to_thread(Operation.open, self, operation_id)
 
     def prune(self) -> int:
         """Delete operations finished more than ``retention`` seconds ago.

@@ -22,6 +22,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
+from urllib.parse import urlsplit, urlunsplit
 
 from .._errors import ConfigurationError, InvalidKeyError
 from .._keys import parse_key
@@ -176,6 +177,15 @@ def _problem_detail(body: bytes | None) -> str:
     return detail if isinstance(detail, str) else ""
 
 
+def _safe_url(url: str) -> str:
+    # Events and logs get the URL without query, fragment or userinfo (they may hold secrets).
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return ""
+    return urlunsplit((parts.scheme, parts.netloc.rpartition("@")[2], parts.path, "", ""))
+
+
 def _key_of(header_value: str) -> str:
     try:
         return parse_key([header_value.encode("latin-1")])
@@ -263,7 +273,7 @@ class RetryPolicy:
 
         Args:
             method: the request method.
-            url: the request URL, for events (the query string is left out).
+            url: the request URL, for events (query, fragment and userinfo are left out).
             key_header: the request's ``Idempotency-Key`` value, if it has one (used as is).
             replayable: whether the body can be sent again (``False``: a streamed body).
             operation: the journal operation in force; its key is used when the request has
@@ -273,9 +283,7 @@ class RetryPolicy:
             The call's state; the shell sets :attr:`RetryCall.header_to_add`, if any, on the
             request before the first attempt.
         """
-        return RetryCall(
-            self, method.upper(), url.split("?", 1)[0], key_header, replayable, operation
-        )
+        return RetryCall(self, method.upper(), _safe_url(url), key_header, replayable, operation)
 
     def backoff(self, retry: int) -> float:
         """Return the random delay before retry number ``retry`` (1 for the first retry).
