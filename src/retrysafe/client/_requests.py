@@ -113,7 +113,7 @@ class RetryingAdapter(HTTPAdapter):
                     cert=cert,
                     proxies=dict(proxies) if proxies is not None else None,
                 )
-                if not stream:
+                if not stream or call.wants_body(response.status_code):
                     response.content  # noqa: B018 - read now, so a mid-body failure is retried
             except requests.RequestException as exc:
                 decision = call.on_error(classify(exc), type(exc).__name__)
