@@ -1,4 +1,4 @@
-"""The ``retrysafe`` command: demo, proxy, purge, check, inspect, resolve, schema, stats.
+"""The ``retrysafe`` command: demo, proxy, request, purge, check, inspect, resolve, schema, stats.
 
 Only here (and in framework adapters) is the environment read: ``RETRYSAFE_STORE_URL`` is the
 default of every ``--store``.
@@ -361,6 +361,13 @@ def build_parser() -> argparse.ArgumentParser:
     _store_arg(schema)
     schema.set_defaults(func=_schema)
     _stats_parser(sub)
+    from .client._cli import add_request_arguments, run_request
+
+    request = sub.add_parser(
+        "request", help="send one request with the retrying client (one key, safe retries)"
+    )
+    add_request_arguments(request)
+    request.set_defaults(func=run_request)
     return parser
 
 
