@@ -1,9 +1,8 @@
 """Pure ASGI idempotency middleware (no Starlette import needed).
 
-Works in any ASGI app: Starlette, FastAPI, Litestar, or a bare ASGI callable::
+Works in any ASGI app (Starlette, FastAPI, Litestar, a bare ASGI callable)::
 
     app = IdempotencyMiddleware(app, store="sqlite:///idempotency.db")
-
 A thin shell: it translates ASGI to the neutral request, reads the body within the limit and
 captures the response through a send hook; :mod:`retrysafe._flow` decides everything else.
 """
@@ -235,6 +234,7 @@ class _Execution:
                 await exchange.incomplete()
         finally:
             await exchange.end()
+            del self.scope[CONTEXT_SCOPE_KEY]  # the request holds the scope: leave no cycle
 
     def _detach(self) -> bool:
         mode = self.exchange.flow.config.detach_handler

@@ -69,7 +69,8 @@ def request_from_environ(environ: Mapping[str, Any]) -> Request:
         headers.append((b"content-length", length.encode("latin-1")))
     return Request(
         environ.get("REQUEST_METHOD", "GET"),
-        environ.get("PATH_INFO", "") or "/",
+        # PEP 3333 carries the path as latin-1 text of its bytes; ASGI as UTF-8: decode the same.
+        (environ.get("PATH_INFO", "") or "/").encode("latin-1").decode("utf-8", "replace"),
         environ.get("QUERY_STRING", "").encode("latin-1"),
         keys,
         content_length(length),
