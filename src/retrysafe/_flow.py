@@ -27,6 +27,7 @@ import enum
 import logging
 import math
 from collections.abc import Generator, Mapping
+from email.utils import formatdate
 from typing import Any
 
 from ._codec import StoredResponse, decode_response, encode_response
@@ -49,6 +50,7 @@ __all__ = [
     "EXECUTE",
     "FINALIZE",
     "MARK_COMMITTED",
+    "NOW",
     "RELEASE",
     "RENEW",
     "RESERVE",
@@ -62,6 +64,7 @@ __all__ = [
     "Answer",
     "Capture",
     "Decision",
+    "Estimates",
     "Flow",
     "admit",
     "decide",
@@ -89,6 +92,7 @@ TX_CLOSE = "tx_close"  # None -> None: give the connection back
 FINALIZE = "finalize"  # ok -> None: run the handler's finalizers (may raise anything)
 SLEEP = "sleep"  # seconds -> None
 CLOCK = "clock"  # None -> monotonic seconds
+NOW = "now"  # None -> wall-clock seconds since the epoch (only for the retention header)
 EMIT = "emit"  # event name -> None: call the on_event hook
 DEFER = "defer"  # encoded response -> None: keep the lease, run complete_later in the background
 
@@ -102,8 +106,33 @@ RUN_UNPROTECTED = "run_unprotected"
 #: How long a response whose completion failed is retried before giving up.
 COMPLETION_RETRY_SECONDS = 120.0
 
-_REPLAYED = (b"idempotency-replayed", b"true")
 _BODY_OMITTED = (b"idempotency-body-omitted", b"true")
+
+
+class Estimates:
+    """How long each route's requests take in this process: a running average per route, for
+    the ``Retry-After`` of a ``409`` (``adaptive_retry_after``). Bounded: past ``limit`` routes it
+    starts over, so paths with ids in them cannot grow it without end."""
+
+    __slots__ = ("limit", "seconds")
+
+    def __init__(self, limit: int = 1024) -> None:
+        self.limit = limit
+        self.seconds: dict[tuple[str, str], float] = {}
+
+    def observe(self, route: tuple[str, str], seconds: float) -> None:
+        """Fold one handler's duration into the route's average."""
+        known = self.seconds.get(route)
+        if known is None:
+            if len(self.seconds) >= self.limit:
+                self.seconds.clear()
+            self.seconds[route] = seconds
+        else:
+            self.seconds[route] = known + 0.2 * (seconds - known)
+
+    def get(self, route: tuple[str, str]) -> float | None:
+        """The route's average duration, if any request of it finished here."""
+        return self.seconds.get(route)
 
 
 class Answer:
@@ -310,8 +339,10 @@ class Flow:
     """
 
     __slots__ = (
+        "added_headers",
         "committed",
         "config",
+        "estimates",
         "fingerprint",
         "holds_response",
         "in_tx",
@@ -346,6 +377,10 @@ class Flow:
         self.holds_response = config.transactional
         #: A renewal found the lease taken over (reported then, not again at completion).
         self.lease_lost = False
+        #: Headers the flow adds to the handler's response (and stores with it).
+        self.added_headers: list[tuple[bytes, bytes]] = []
+        #: The middleware's duration estimates (set by the runner), for ``Retry-After``.
+        self.estimates: Estimates | None = None
 
     # -- claim -----------------------------------------------------------------------------
 
@@ -379,6 +414,11 @@ class Flow:
                 if config.transactional:
                     self.in_tx = True
                     yield BEGIN, None
+                if config.retention_header is not None:
+                    now: float = yield NOW, None
+                    expires = formatdate(now + config.ttl, usegmt=True).encode("ascii")
+                    name = config.retention_header.lower().encode("ascii")
+                    self.added_headers = [(name, expires)]
                 if config.on_event is not None:
                     yield EMIT, "executed"
                 return EXECUTE
@@ -405,10 +445,10 @@ class Flow:
                     "the key (retrysafe resolve).",
                 )
             if config.on_conflict == "wait":
-                now: float = yield CLOCK, None
+                clock: float = yield CLOCK, None
                 if deadline < 0:
-                    deadline = now + config.conflict_wait
-                if now + delay < deadline:
+                    deadline = clock + config.conflict_wait
+                if clock + delay < deadline:
                     yield SLEEP, delay
                     delay = min(delay * 2, 0.25)
                     continue
@@ -418,8 +458,20 @@ class Flow:
                 "idempotency-request-in-progress",
                 "The first request with this Idempotency-Key is still being processed; "
                 "retry later.",
-                retry_after=retry_after(record.lease_remaining),
+                retry_after=retry_after(self._likely_remaining(record.lease_remaining)),
             )
+
+    def _likely_remaining(self, lease_remaining: float) -> float:
+        if self.config.adaptive_retry_after and self.estimates is not None:
+            took = self.estimates.get((self.request.method, self.request.path))
+            if took is not None:
+                return min(lease_remaining, took)
+        return lease_remaining
+
+    def observe(self, seconds: float) -> None:
+        """The handler took ``seconds`` (measured by the runner): fold it into the estimate."""
+        if self.estimates is not None:
+            self.estimates.observe((self.request.method, self.request.path), seconds)
 
     def _replay(self, data: bytes) -> Generator[Action, Any, Answer]:
         try:
@@ -437,7 +489,7 @@ class Flow:
             headers = [(n, v) for n, v in headers if n != b"content-length"]
             headers.append((b"content-length", b"0"))
             headers.append(_BODY_OMITTED)
-        headers.append(_REPLAYED)
+        headers.extend(self.config._replayed_raw)
         return Answer(stored.status, headers, stored.body)
 
     # -- settlement ------------------------------------------------------------------------
@@ -768,4 +820,5 @@ class Flow:
             if lname in deny or (allow is not None and lname not in allow):
                 continue
             kept.append((lname, value))
+        kept.extend(self.added_headers)
         return encode_response(StoredResponse(status, tuple(kept), body, omitted))

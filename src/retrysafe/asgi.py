@@ -153,10 +153,9 @@ async def _read_body(receive: Receive, limit: int) -> bytes:
 
 
 async def _send_answer(send: Send, answer: Answer) -> None:
+    start = {"type": "http.response.start", "status": answer.status, "headers": answer.headers}
     try:
-        await send(
-            {"type": "http.response.start", "status": answer.status, "headers": answer.headers}
-        )
+        await send(start)
         await send({"type": "http.response.body", "body": answer.body, "more_body": False})
     except OSError:
         pass  # the client went away; nothing is lost (nothing ran, or the record is stored)
@@ -261,8 +260,9 @@ class _Execution:
     async def _send(self, message: Message) -> None:
         kind = message["type"]
         if kind == "http.response.start":
-            self.status = message["status"]
-            self.headers = message.get("headers", [])
+            self.status, self.headers = message["status"], message.get("headers", [])
+            if self.exchange.flow.added_headers:  # e.g. the retention header
+                message = {**message, "headers": [*self.headers, *self.exchange.flow.added_headers]}
         elif kind == "http.response.body":
             capture = self.capture
             capture.add(message.get("body", b""))

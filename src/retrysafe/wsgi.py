@@ -277,7 +277,8 @@ class _Execution:
             return
         self.started = True
         if answer is None:
-            self.start_response(self.status_line, self.headers)
+            added = _native_headers(self.exchange.flow.added_headers)  # e.g. the retention header
+            self.start_response(self.status_line, self.headers + added)
         else:
             self.start_response(_status_line(answer.status), _native_headers(answer.headers))
 
