@@ -1,22 +1,62 @@
 """The ``retrysafe`` command: demo, purge, check, inspect, resolve, schema.
 
 Only here (and in framework adapters) is the environment read: ``RETRYSAFE_STORE_URL`` is the
-default of every ``--store``.
+default of every ``--store``. Every command that names a store first makes one round trip to it
+(:func:`_open_store`), so a store it cannot reach or use is a non-zero exit with one line, never
+a silent success (Redis' ``purge`` and ``schema`` would otherwise touch nothing).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
-from ._errors import IdempotencyError
+from ._errors import ConfigurationError, IdempotencyError
 from ._keys import record_id
 from ._scope import authorization_scope
-from .stores import store_from_url
+from .stores import Store, store_from_url
 
 __all__ = ["main"]
+
+_DESCRIPTION = """\
+Inspect and maintain retrysafe stores, and serve the OrderHub demo.
+Every --store defaults to $RETRYSAFE_STORE_URL."""
+
+#: The lease a demo gets when --lease is not given (never longer than --ttl).
+_DEFAULT_LEASE = 30.0
+
+
+class _StoreFailed(Exception):
+    """A store could not be opened or used; carries the one line to print."""
+
+
+@contextlib.contextmanager
+def _open_store(url: str) -> Iterator[Store]:
+    """Build the store a URL names and make one round trip to it, closing it afterwards.
+
+    The round trip (a read of a key nobody uses) is what tells an unreachable server, a Redis
+    database that does not exist or a SQLite path that cannot be opened from a working store,
+    whichever command runs next.
+
+    Raises:
+        _StoreFailed: the URL is invalid or the store cannot be reached or used.
+    """
+    try:
+        store = store_from_url(url)
+    except (IdempotencyError, ValueError) as exc:
+        raise _StoreFailed(f"invalid store URL: {exc}") from exc
+    try:
+        try:
+            store.get("retrysafe-cli-probe")
+        except IdempotencyError as exc:
+            raise _StoreFailed(f"cannot use the store: {exc}") from exc
+        yield store
+    finally:
+        with contextlib.suppress(Exception):  # closing a store that never connected may fail
+            store.close()
 
 
 def _store_arg(parser: argparse.ArgumentParser, default: str | None = None) -> None:
@@ -52,42 +92,39 @@ def _demo(args: argparse.Namespace) -> int:
     except ImportError as exc:
         print(f"retrysafe demo needs: pip install 'retrysafe[demo]' ({exc})", file=sys.stderr)
         return 2
-    app = create_app(store=args.store, db=args.db, ttl=args.ttl, lease=args.lease)
+    lease = min(_DEFAULT_LEASE, args.ttl) if args.lease is None else args.lease
+    if lease > args.ttl:
+        raise ConfigurationError(
+            f"--lease {lease:g} is longer than --ttl {args.ttl:g}; pass --lease {args.ttl:g} "
+            "or less (or leave --lease out: it follows a short --ttl)"
+        )
+    app = create_app(store=args.store, db=args.db, ttl=args.ttl, lease=lease)
     print(f"OrderHub on http://{args.host}:{args.port}/ (store {args.store})", flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
     return 0
 
 
 def _purge(args: argparse.Namespace) -> int:
-    store = store_from_url(args.store)
-    try:
+    with _open_store(args.store) as store:
         print(f"purged {store.purge_expired()} expired records")
-    finally:
-        store.close()
     return 0
 
 
 def _check(args: argparse.Namespace) -> int:
-    store = store_from_url(args.store)
-    try:
+    with _open_store(args.store) as store:
         probe = "retrysafe-check:" + os.urandom(8).hex()
         reservation = store.reserve(probe, "check", lease=5.0, ttl=10.0)
         if reservation.token is None or not store.release(probe, reservation.token):
             print("store answered, but a reserve/release round trip failed", file=sys.stderr)
             return 1
-    finally:
-        store.close()
     print(f"ok: {args.store.split('://')[0]} store reachable; reserve and release work")
     return 0
 
 
 def _inspect(args: argparse.Namespace) -> int:
     rid = record_id(_scope_of(args), args.method.upper(), args.path, args.key)
-    store = store_from_url(args.store)
-    try:
+    with _open_store(args.store) as store:
         record = store.get(rid)
-    finally:
-        store.close()
     if record is None:
         print(f"record {rid[:16]}: none (never used, released, or expired)")
         return 1
@@ -109,8 +146,7 @@ def _inspect(args: argparse.Namespace) -> int:
 
 def _resolve(args: argparse.Namespace) -> int:
     rid = record_id(_scope_of(args), args.method.upper(), args.path, args.key)
-    store = store_from_url(args.store)
-    try:
+    with _open_store(args.store) as store:
         record = store.get(rid)
         if record is None:
             print(f"record {rid[:16]}: none; nothing to resolve")
@@ -119,27 +155,26 @@ def _resolve(args: argparse.Namespace) -> int:
             print(f"record {rid[:16]} is completed; use --force to delete a stored response")
             return 1
         store.delete(rid)
-    finally:
-        store.close()
     print(f"record {rid[:16]} deleted: the next request with this key runs the operation")
     return 0
 
 
 def _schema(args: argparse.Namespace) -> int:
-    store = store_from_url(args.store)
-    try:
+    with _open_store(args.store) as store:
         ensure = getattr(store, "ensure_schema", None)
         if ensure is not None:
             ensure()
-    finally:
-        store.close()
     print(f"schema ready in {args.store.split('://')[0]} store")
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
     """Return the argument parser of the ``retrysafe`` command."""
-    parser = argparse.ArgumentParser(prog="retrysafe", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="retrysafe",
+        description=_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     demo = sub.add_parser("demo", help="serve the OrderHub demo")
@@ -148,7 +183,12 @@ def build_parser() -> argparse.ArgumentParser:
     _store_arg(demo, "sqlite:///./retrysafe-demo.db")
     demo.add_argument("--db", default=None, help="where orders live (default: the store's db)")
     demo.add_argument("--ttl", type=float, default=24 * 3600.0, help="retention, seconds")
-    demo.add_argument("--lease", type=float, default=30.0, help="lease, seconds")
+    demo.add_argument(
+        "--lease",
+        type=float,
+        default=None,
+        help=f"lease, seconds (default: {_DEFAULT_LEASE:g}, or --ttl when that is shorter)",
+    )
     demo.add_argument("--log-level", default="info")
     demo.set_defaults(func=_demo)
 
@@ -193,10 +233,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         code: int = args.func(args)
-    except IdempotencyError as exc:
-        print(f"retrysafe: {exc}", file=sys.stderr)
+    except (_StoreFailed, IdempotencyError) as exc:
+        _fail(str(exc))
         return 2
     return code
+
+
+def _fail(message: str) -> None:
+    """Print one line to stderr: driver messages can span lines (libpq adds a hint line)."""
+    print("retrysafe: " + " ".join(message.split()), file=sys.stderr)
 
 
 if __name__ == "__main__":  # pragma: no cover
