@@ -15,6 +15,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from .._config import IdempotencyConfig
+from .._errors import StoreUnavailableError
 from .._routes import idempotent
 from .._transaction import mark_committed, transaction
 from ..asgi import IdempotencyMiddleware
@@ -48,10 +49,18 @@ def same_database(store_url: str, db_url: str) -> bool:
     return store_base.startswith("postgresql://") and store_base == db_base
 
 
-def _problem(status: int, title: str, detail: str) -> Response:
-    body = {"type": "urn:orderhub:problem:invalid-request", "title": title, "status": status}
+def _problem(
+    status: int,
+    title: str,
+    detail: str,
+    slug: str = "invalid-request",
+    headers: dict[str, str] | None = None,
+) -> Response:
+    body = {"type": f"urn:orderhub:problem:{slug}", "title": title, "status": status}
     body["detail"] = detail
-    return Response(json.dumps(body), status, media_type="application/problem+json")
+    return Response(
+        json.dumps(body), status, headers=headers, media_type="application/problem+json"
+    )
 
 
 def _owner(request: Request) -> str:
@@ -176,6 +185,17 @@ def create_app(
     async def failed(request: Request, exc: Exception) -> Response:
         return _problem(500, "Handler failed", str(exc))
 
+    async def unavailable(request: Request, exc: Exception) -> Response:
+        # The database stayed busy (SQLite's single writer held by a long transaction) or
+        # unreachable for longer than a write waits: nothing was written, retrying is safe.
+        return _problem(
+            503,
+            "Database busy",
+            f"The order database could not take the write; retry later. ({exc})",
+            slug="database-unavailable",
+            headers={"Retry-After": "1"},
+        )
+
     routes = [
         Route("/", index),
         Route("/orders", create_order, methods=["POST"]),
@@ -189,4 +209,8 @@ def create_app(
     config = IdempotencyConfig(ttl=ttl, lease=lease, transactional=transactional)
     # mypy cannot match a constructor with **options against Starlette's ParamSpec factory.
     middleware = [Middleware(IdempotencyMiddleware, store=idempotency_store, config=config)]  # type: ignore[arg-type]
-    return Starlette(routes=routes, middleware=middleware, exception_handlers={DemoFailure: failed})
+    return Starlette(
+        routes=routes,
+        middleware=middleware,
+        exception_handlers={DemoFailure: failed, StoreUnavailableError: unavailable},
+    )

@@ -13,11 +13,14 @@ from typing import Any, Protocol
 from urllib.parse import parse_qs
 
 from .._errors import ConfigurationError
-from ..stores.sqlite import parse_sqlite_url
+from ..stores.sqlite import (
+    DEFAULT_BUSY_TIMEOUT,
+    busy_timeout_option,
+    parse_sqlite_url,
+    retry_while_busy,
+)
 
 __all__ = ["OrderDB", "PostgresOrderDB", "SQLiteOrderDB", "open_db"]
-
-_BUSY_SECONDS = 5.0
 
 _COLUMNS = {
     "orders": ("id", "owner", "item", "quantity", "created_at"),
@@ -101,13 +104,24 @@ class OrderDB(Protocol):
 class SQLiteOrderDB:
     """Orders in a SQLite file; statements run inline (each is ~20 us).
 
+    A write that meets another writer's lock (a transactional request between its first write
+    and its commit) waits for it the way the store does, with an awaited back-off, up to
+    ``busy_timeout`` (URL option, default :data:`~retrysafe.stores.sqlite.DEFAULT_BUSY_TIMEOUT`);
+    after that it raises :class:`~retrysafe.stores.sqlite.SQLiteBusyError`, which the app
+    answers with ``503`` + ``Retry-After``.
+
     Args:
         url: ``sqlite:///path.db``, shared by every OrderHub process pointed at it.
+
+    Raises:
+        ConfigurationError: a bad URL option.
     """
 
     def __init__(self, url: str) -> None:
         self.url = url
-        self.path, _ = parse_sqlite_url(url)
+        self.path, options = parse_sqlite_url(url)
+        busy = busy_timeout_option(options)
+        self.busy_timeout = DEFAULT_BUSY_TIMEOUT if busy is None else busy
         self._local = threading.local()
         self._conn()  # create the tables at start-up, not inside a request's transaction
 
@@ -127,16 +141,12 @@ class SQLiteOrderDB:
         return conn
 
     async def _write(self, sql: str, params: tuple[Any, ...] = ()) -> Any:
-        delay, waited = 0.001, 0.0
-        while True:
-            try:
-                return self._conn().execute(sql, params).fetchone()
-            except sqlite3.OperationalError as exc:
-                if "locked" not in str(exc) or waited > _BUSY_SECONDS:
-                    raise
-            await asyncio.sleep(delay)
-            waited += delay
-            delay = min(delay * 2, 0.02)
+        conn = self._conn()
+        return await retry_while_busy(
+            lambda: conn.execute(sql, params).fetchone(),
+            busy_timeout=self.busy_timeout,
+            what="write",
+        )
 
     async def add(self, kind: str, owner: str, conn: Any = None, **values: Any) -> dict[str, Any]:
         """Insert an order or payment (in ``conn``'s transaction when given) and return it."""
