@@ -12,7 +12,7 @@ import argparse
 import contextlib
 import os
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from ._errors import ConfigurationError, IdempotencyError
 from ._keys import record_id
@@ -33,13 +33,22 @@ class _StoreFailed(Exception):
     """A store could not be opened or used; carries the one line to print."""
 
 
+def _reach(operation: Callable[..., object], *args: object) -> None:
+    """Run one store operation; a store error becomes the command's one-line failure."""
+    try:
+        operation(*args)
+    except IdempotencyError as exc:
+        raise _StoreFailed(f"cannot use the store: {exc}") from exc
+
+
 @contextlib.contextmanager
-def _open_store(url: str) -> Iterator[Store]:
+def _open_store(url: str, *, probe: bool = True) -> Iterator[Store]:
     """Build the store a URL names and make one round trip to it, closing it afterwards.
 
     The round trip (a read of a key nobody uses) is what tells an unreachable server, a Redis
     database that does not exist or a SQLite path that cannot be opened from a working store,
-    whichever command runs next.
+    whichever command runs next. ``probe=False`` leaves it to the command (``schema apply``,
+    whose table may not exist yet).
 
     Raises:
         _StoreFailed: the URL is invalid or the store cannot be reached or used.
@@ -49,10 +58,8 @@ def _open_store(url: str) -> Iterator[Store]:
     except (IdempotencyError, ValueError) as exc:
         raise _StoreFailed(f"invalid store URL: {exc}") from exc
     try:
-        try:
-            store.get("retrysafe-cli-probe")
-        except IdempotencyError as exc:
-            raise _StoreFailed(f"cannot use the store: {exc}") from exc
+        if probe:
+            _reach(store.get, "retrysafe-cli-probe")
         yield store
     finally:
         with contextlib.suppress(Exception):  # closing a store that never connected may fail
@@ -160,10 +167,14 @@ def _resolve(args: argparse.Namespace) -> int:
 
 
 def _schema(args: argparse.Namespace) -> int:
-    with _open_store(args.store) as store:
+    # A store with tables is reached by creating them (the probe would read a table that may
+    # not exist yet); one without (Redis) by the probe.
+    with _open_store(args.store, probe=False) as store:
         ensure = getattr(store, "ensure_schema", None)
         if ensure is not None:
-            ensure()
+            _reach(ensure)
+        else:
+            _reach(store.get, "retrysafe-cli-probe")
     print(f"schema ready in {args.store.split('://')[0]} store")
     return 0
 
