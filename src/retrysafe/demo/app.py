@@ -15,12 +15,11 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from .._config import IdempotencyConfig
-from .._errors import StoreUnavailableError
 from .._routes import idempotent
 from .._transaction import mark_committed, transaction
 from ..asgi import IdempotencyMiddleware
 from ..stores import resolve_async_store
-from .db import OrderDB, open_db
+from .db import DatabaseUnavailable, OrderDB, open_db
 
 __all__ = ["DEFAULT_STORE", "create_app", "default_db_url"]
 
@@ -212,5 +211,5 @@ def create_app(
     return Starlette(
         routes=routes,
         middleware=middleware,
-        exception_handlers={DemoFailure: failed, StoreUnavailableError: unavailable},
+        exception_handlers={DemoFailure: failed, DatabaseUnavailable: unavailable},
     )

@@ -9,18 +9,30 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import threading
-from typing import Any, Protocol
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol, TypeVar
 from urllib.parse import parse_qs
 
-from .._errors import ConfigurationError
+from .._errors import ConfigurationError, StoreUnavailableError
 from ..stores.sqlite import (
     DEFAULT_BUSY_TIMEOUT,
+    SQLiteBusyError,
     busy_timeout_option,
     parse_sqlite_url,
     retry_while_busy,
 )
 
-__all__ = ["OrderDB", "PostgresOrderDB", "SQLiteOrderDB", "open_db"]
+__all__ = ["DatabaseUnavailable", "OrderDB", "PostgresOrderDB", "SQLiteOrderDB", "open_db"]
+
+
+class DatabaseUnavailable(StoreUnavailableError):
+    """OrderHub's own database stayed busy (SQLite's single writer) or could not be reached;
+    nothing was written. The app answers ``503`` + ``Retry-After``."""
+
+
+T = TypeVar("T")
+
+_POOL_SIZE = 4
 
 _COLUMNS = {
     "orders": ("id", "owner", "item", "quantity", "created_at"),
@@ -142,11 +154,14 @@ class SQLiteOrderDB:
 
     async def _write(self, sql: str, params: tuple[Any, ...] = ()) -> Any:
         conn = self._conn()
-        return await retry_while_busy(
-            lambda: conn.execute(sql, params).fetchone(),
-            busy_timeout=self.busy_timeout,
-            what="write",
-        )
+        try:
+            return await retry_while_busy(
+                lambda: conn.execute(sql, params).fetchone(),
+                busy_timeout=self.busy_timeout,
+                what="write",
+            )
+        except SQLiteBusyError as exc:
+            raise DatabaseUnavailable(str(exc), store="sqlite") from exc
 
     async def add(self, kind: str, owner: str, conn: Any = None, **values: Any) -> dict[str, Any]:
         """Insert an order or payment (in ``conn``'s transaction when given) and return it."""
@@ -220,7 +235,7 @@ class PostgresOrderDB:
 
             settings = {"search_path": self._schema} if self._schema else {}
             pool = await asyncpg.create_pool(
-                self._dsn, min_size=1, max_size=4, server_settings=settings
+                self._dsn, min_size=1, max_size=_POOL_SIZE, server_settings=settings
             )
             async with pool.acquire() as conn:
                 if self._schema:
@@ -232,45 +247,86 @@ class PostgresOrderDB:
             self._pool = pool
         return self._pool
 
+    async def _run(self, work: Callable[[Any], Awaitable[T]]) -> T:
+        """Run ``work`` on a pooled connection, with the store's pool hygiene: a connection
+        that failed is discarded, one the server closed while idle is skipped (nothing was
+        sent), and a lost server is :class:`DatabaseUnavailable` (a 503)."""
+        from ..stores.postgres import _asyncpg_error, _discard, _give_back, _never_sent
+
+        pool = await self._get_pool()
+        for _ in range(_POOL_SIZE + 1):
+            try:
+                conn = await asyncio.wait_for(pool.acquire(), 10.0)
+            except Exception as exc:
+                error = _asyncpg_error(exc, established=False, what="connect")
+                raise DatabaseUnavailable(str(error), store="postgres") from exc
+            try:
+                return await work(conn)
+            except Exception as exc:
+                closed = conn.is_closed()
+                _discard(conn)
+                if _never_sent(exc):
+                    continue
+                error = _asyncpg_error(exc, established=True, what="statement", closed=closed)
+                if isinstance(error, StoreUnavailableError):
+                    raise DatabaseUnavailable(str(error), store="postgres") from exc
+                raise
+            finally:
+                await _give_back(pool, conn)
+        raise DatabaseUnavailable("no live connection to the order database", store="postgres")
+
     async def add(self, kind: str, owner: str, conn: Any = None, **values: Any) -> dict[str, Any]:
         """Insert an order or payment (in ``conn``'s transaction when given) and return it."""
         names = ("owner", *values)
         marks = [f"${i + 1}" for i in range(len(names))]
         sql = _insert_sql(self._table(kind), kind, names, marks)
         if conn is None:
-            pool = await self._get_pool()
-            async with pool.acquire() as own:
-                row = await own.fetchrow(sql, owner, *values.values())
+            row = await self._run(lambda own: own.fetchrow(sql, owner, *values.values()))
         else:
             await self._get_pool()  # the tables exist
-            row = await conn.fetchrow(sql, owner, *values.values())
+            try:
+                row = await conn.fetchrow(sql, owner, *values.values())
+            except Exception as exc:
+                from ..stores.postgres import _asyncpg_error
+
+                # The transaction's connection died under the handler: a store failure that
+                # the middleware answers (503, the key released), told in plain words.
+                error = _asyncpg_error(
+                    exc, established=False, what="insert", closed=conn.is_closed()
+                )
+                if isinstance(error, StoreUnavailableError):
+                    raise error from exc
+                raise
         return dict(row)
 
     async def list(self, kind: str, limit: int | None = None) -> tuple[int, list[dict[str, Any]]]:
         """Return (total count, records newest first, at most ``limit``)."""
-        pool = await self._get_pool()
-        async with pool.acquire() as conn:
+        sql = _select_sql(self._table(kind), kind) + " ORDER BY id DESC"
+
+        async def work(conn: Any) -> tuple[Any, Any]:
             count = await conn.fetchval(f"SELECT count(*) FROM {self._table(kind)}")
-            sql = _select_sql(self._table(kind), kind) + " ORDER BY id DESC"
             rows = await (
                 conn.fetch(sql + " LIMIT $1", limit) if limit is not None else conn.fetch(sql)
             )
+            return count, rows
+
+        count, rows = await self._run(work)
         return int(count), [dict(r) for r in rows]
 
     async def get(self, kind: str, record_id: int) -> dict[str, Any] | None:
         """Return one record or ``None``."""
-        pool = await self._get_pool()
-        async with pool.acquire() as conn:
-            sql = _select_sql(self._table(kind), kind) + " WHERE id = $1"
-            row = await conn.fetchrow(sql, record_id)
+        sql = _select_sql(self._table(kind), kind) + " WHERE id = $1"
+        row = await self._run(lambda conn: conn.fetchrow(sql, record_id))
         return None if row is None else dict(row)
 
     async def reset(self) -> None:
         """Delete every order and payment."""
-        pool = await self._get_pool()
-        async with pool.acquire() as conn:
+
+        async def work(conn: Any) -> None:
             for kind in _COLUMNS:
                 await conn.execute(f"DELETE FROM {self._table(kind)}")
+
+        await self._run(work)
 
     async def aclose(self) -> None:
         """Close the pool."""
