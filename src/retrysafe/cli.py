@@ -105,7 +105,10 @@ def _demo(args: argparse.Namespace) -> int:
             f"--lease {lease:g} is longer than --ttl {args.ttl:g}; pass --lease {args.ttl:g} "
             "or less (or leave --lease out: it follows a short --ttl)"
         )
-    app = create_app(store=args.store, db=args.db, ttl=args.ttl, lease=lease)
+    try:
+        app = create_app(store=args.store, db=args.db, ttl=args.ttl, lease=lease)
+    except ValueError as exc:  # a driver's own URL parsing (e.g. redis-py's options)
+        raise _StoreFailed(f"invalid store URL: {exc}") from exc
     print(f"OrderHub on http://{args.host}:{args.port}/ (store {args.store})", flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
     return 0

@@ -151,6 +151,15 @@ def test_demo_with_a_short_ttl_needs_no_lease_flag(tmp_path: Path) -> None:
         proc.wait(timeout=10)
 
 
+def test_demo_with_an_invalid_store_url_fails_with_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = f"sqlite:///{tmp_path}/x.db?busy_timeout=soon"
+    assert main(["demo", "--store", url, "--port", str(free_port())]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and err.startswith("retrysafe: "), err
+
+
 def test_demo_lease_longer_than_ttl_names_the_flag_to_change(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
