@@ -1,23 +1,70 @@
 """The ``retrysafe`` command: demo, proxy, request, purge, check, inspect, resolve, schema, stats.
 
 Only here (and in framework adapters) is the environment read: ``RETRYSAFE_STORE_URL`` is the
-default of every ``--store``.
+default of every ``--store``. Every command that names a store first makes one round trip to it
+(:func:`_open_store`), so a store it cannot reach or use is a non-zero exit with one line, never
+a silent success (Redis' ``purge`` and ``schema`` would otherwise touch nothing).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from ._errors import IdempotencyError
+from ._errors import ConfigurationError, IdempotencyError
 from ._keys import record_id
 from ._scope import authorization_scope
-from .stores import store_from_url
+from .stores import Store, store_from_url
 
 __all__ = ["main"]
+
+_DESCRIPTION = """\
+Inspect and maintain retrysafe stores, and serve the OrderHub demo.
+Every --store defaults to $RETRYSAFE_STORE_URL."""
+
+#: The lease a demo gets when --lease is not given (never longer than --ttl).
+_DEFAULT_LEASE = 30.0
+
+
+class _StoreFailed(Exception):
+    """A store could not be opened or used; carries the one line to print."""
+
+
+def _reach(operation: Callable[..., object], *args: object) -> None:
+    """Run one store operation; a store error becomes the command's one-line failure."""
+    try:
+        operation(*args)
+    except IdempotencyError as exc:
+        raise _StoreFailed(f"cannot use the store: {exc}") from exc
+
+
+@contextlib.contextmanager
+def _open_store(url: str, *, probe: bool = True) -> Iterator[Store]:
+    """Build the store a URL names and make one round trip to it, closing it afterwards.
+
+    The round trip (a read of a key nobody uses) is what tells an unreachable server, a Redis
+    database that does not exist or a SQLite path that cannot be opened from a working store,
+    whichever command runs next. ``probe=False`` leaves it to the command (``schema apply``,
+    whose table may not exist yet).
+
+    Raises:
+        _StoreFailed: the URL is invalid or the store cannot be reached or used.
+    """
+    try:
+        store = store_from_url(url)
+    except (IdempotencyError, ValueError) as exc:
+        raise _StoreFailed(f"invalid store URL: {exc}") from exc
+    try:
+        if probe:
+            _reach(store.get, "retrysafe-cli-probe")
+        yield store
+    finally:
+        with contextlib.suppress(Exception):  # closing a store that never connected may fail
+            store.close()
 
 
 def _store_arg(parser: argparse.ArgumentParser, default: str | None = None) -> None:
@@ -48,6 +95,12 @@ def _scope_of(args: argparse.Namespace) -> str:
 def _demo(args: argparse.Namespace) -> int:
     from .demo.serve import SERVERS
 
+    args.lease = min(_DEFAULT_LEASE, args.ttl) if args.lease is None else args.lease
+    if args.lease > args.ttl:
+        raise ConfigurationError(
+            f"--lease {args.lease:g} is longer than --ttl {args.ttl:g}; pass --lease "
+            f"{args.ttl:g} or less (or leave --lease out: it follows a short --ttl)"
+        )
     print(
         f"OrderHub ({args.framework}) on http://{args.host}:{args.port}/ (store {args.store})",
         flush=True,
@@ -159,35 +212,26 @@ def _proxy_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 def _purge(args: argparse.Namespace) -> int:
     if args.dry_run:
         return _purge_dry_run(args)
-    store = store_from_url(args.store)
-    try:
+    with _open_store(args.store) as store:
         print(f"purged {store.purge_expired()} expired records")
-    finally:
-        store.close()
     return 0
 
 
 def _check(args: argparse.Namespace) -> int:
-    store = store_from_url(args.store)
-    try:
+    with _open_store(args.store) as store:
         probe = "retrysafe-check:" + os.urandom(8).hex()
         reservation = store.reserve(probe, "check", lease=5.0, ttl=10.0)
         if reservation.token is None or not store.release(probe, reservation.token):
             print("store answered, but a reserve/release round trip failed", file=sys.stderr)
             return 1
-    finally:
-        store.close()
     print(f"ok: {args.store.split('://')[0]} store reachable; reserve and release work")
     return 0
 
 
 def _inspect(args: argparse.Namespace) -> int:
     rid = record_id(_scope_of(args), args.method.upper(), args.path, args.key)
-    store = store_from_url(args.store)
-    try:
+    with _open_store(args.store) as store:
         record = store.get(rid)
-    finally:
-        store.close()
     if record is None:
         print(f"record {rid[:16]}: none (never used, released, or expired)")
         return 1
@@ -209,8 +253,7 @@ def _inspect(args: argparse.Namespace) -> int:
 
 def _resolve(args: argparse.Namespace) -> int:
     rid = record_id(_scope_of(args), args.method.upper(), args.path, args.key)
-    store = store_from_url(args.store)
-    try:
+    with _open_store(args.store) as store:
         record = store.get(rid)
         if record is None:
             print(f"record {rid[:16]}: none; nothing to resolve")
@@ -219,20 +262,19 @@ def _resolve(args: argparse.Namespace) -> int:
             print(f"record {rid[:16]} is completed; use --force to delete a stored response")
             return 1
         store.delete(rid)
-    finally:
-        store.close()
     print(f"record {rid[:16]} deleted: the next request with this key runs the operation")
     return 0
 
 
 def _schema(args: argparse.Namespace) -> int:
-    store = store_from_url(args.store)
-    try:
+    # A store with tables is reached by creating them (the probe would read a table that may
+    # not exist yet); one without (Redis) by the probe.
+    with _open_store(args.store, probe=False) as store:
         ensure = getattr(store, "ensure_schema", None)
         if ensure is not None:
-            ensure()
-    finally:
-        store.close()
+            _reach(ensure)
+        else:
+            _reach(store.get, "retrysafe-cli-probe")
     print(f"schema ready in {args.store.split('://')[0]} store")
     return 0
 
@@ -240,11 +282,8 @@ def _schema(args: argparse.Namespace) -> int:
 def _purge_dry_run(args: argparse.Namespace) -> int:
     from ._stats import store_stats
 
-    store = store_from_url(args.store)
-    try:
+    with _open_store(args.store) as store:
         expired = store_stats(store).expired
-    finally:
-        store.close()
     if args.store.startswith(("redis://", "rediss://")):
         print("would purge 0 expired records (Redis expires records by itself)")
     else:
@@ -257,11 +296,8 @@ def _stats(args: argparse.Namespace) -> int:
 
     from ._stats import store_stats
 
-    store = store_from_url(args.store)
-    try:
+    with _open_store(args.store) as store:
         stats = store_stats(store)
-    finally:
-        store.close()
     left = stats.oldest_in_progress_retention_left
     oldest = None if left is None else max(0.0, args.ttl - left)
     if args.json:
@@ -306,7 +342,11 @@ def _stats_parser(sub: Any) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """Return the argument parser of the ``retrysafe`` command."""
-    parser = argparse.ArgumentParser(prog="retrysafe", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="retrysafe",
+        description=_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     demo = sub.add_parser("demo", help="serve the OrderHub demo")
@@ -315,7 +355,12 @@ def build_parser() -> argparse.ArgumentParser:
     _store_arg(demo, "sqlite:///./retrysafe-demo.db")
     demo.add_argument("--db", default=None, help="where orders live (default: the store's db)")
     demo.add_argument("--ttl", type=float, default=24 * 3600.0, help="retention, seconds")
-    demo.add_argument("--lease", type=float, default=30.0, help="lease, seconds")
+    demo.add_argument(
+        "--lease",
+        type=float,
+        default=None,
+        help=f"lease, seconds (default: {_DEFAULT_LEASE:g}, or --ttl when that is shorter)",
+    )
     demo.add_argument("--log-level", default="info")
     from .demo.serve import SERVERS
 
@@ -376,10 +421,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         code: int = args.func(args)
-    except IdempotencyError as exc:
-        print(f"retrysafe: {exc}", file=sys.stderr)
+    except (_StoreFailed, IdempotencyError) as exc:
+        _fail(str(exc))
         return 2
     return code
+
+
+def _fail(message: str) -> None:
+    """Print one line to stderr: driver messages can span lines (libpq adds a hint line)."""
+    print("retrysafe: " + " ".join(message.split()), file=sys.stderr)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -98,7 +98,7 @@ def test_empty_store_and_unreachable_store(
     assert "completed: 0" in out and "oldest in progress: none" in out
     assert main(["stats", "--store", "redis://127.0.0.1:1/0?connect_timeout=0.5"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("retrysafe: redis stats failed")
+    assert len(err) == 1 and err[0].startswith("retrysafe: cannot use the store: ")
     assert main(["stats", "--store", "postgresql://postgres@127.0.0.1:1/x?connect_timeout=1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("retrysafe: ")

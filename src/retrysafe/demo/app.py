@@ -20,7 +20,7 @@ from .._routes import idempotent
 from .._transaction import mark_committed, transaction
 from ..asgi import IdempotencyMiddleware
 from ..stores import resolve_async_store
-from .db import OrderDB, open_db
+from .db import DatabaseUnavailable, OrderDB, open_db
 
 __all__ = ["DEFAULT_STORE", "create_app", "default_db_url"]
 
@@ -63,10 +63,18 @@ def _metrics() -> Any:
     return PrometheusMetrics()
 
 
-def _problem(status: int, title: str, detail: str) -> Response:
-    body = {"type": "urn:orderhub:problem:invalid-request", "title": title, "status": status}
+def _problem(
+    status: int,
+    title: str,
+    detail: str,
+    slug: str = "invalid-request",
+    headers: dict[str, str] | None = None,
+) -> Response:
+    body = {"type": f"urn:orderhub:problem:{slug}", "title": title, "status": status}
     body["detail"] = detail
-    return Response(json.dumps(body), status, media_type="application/problem+json")
+    return Response(
+        json.dumps(body), status, headers=headers, media_type="application/problem+json"
+    )
 
 
 def _owner(request: Request) -> str:
@@ -204,6 +212,17 @@ def create_app(
         body, content_type = metrics_response()
         return Response(body, media_type=content_type)
 
+    async def unavailable(request: Request, exc: Exception) -> Response:
+        # The database stayed busy (SQLite's single writer held by a long transaction) or
+        # unreachable for longer than a write waits: nothing was written, retrying is safe.
+        return _problem(
+            503,
+            "Database busy",
+            f"The order database could not take the write; retry later. ({exc})",
+            slug="database-unavailable",
+            headers={"Retry-After": "1"},
+        )
+
     routes = [
         Route("/", index),
         Route("/orders", create_order, methods=["POST"]),
@@ -219,4 +238,8 @@ def create_app(
     config = IdempotencyConfig(ttl=ttl, lease=lease, transactional=transactional, on_event=on_event)
     # mypy cannot match a constructor with **options against Starlette's ParamSpec factory.
     middleware = [Middleware(IdempotencyMiddleware, store=idempotency_store, config=config)]  # type: ignore[arg-type]
-    return Starlette(routes=routes, middleware=middleware, exception_handlers={DemoFailure: failed})
+    return Starlette(
+        routes=routes,
+        middleware=middleware,
+        exception_handlers={DemoFailure: failed, DatabaseUnavailable: unavailable},
+    )
