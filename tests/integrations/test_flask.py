@@ -805,3 +805,20 @@ def test_a_scope_resolver_and_an_event_hook_from_app_config_are_used(tmp_path: P
     assert shop.calls["orders"] == 2
     assert "replayed" in events
     Idempotency.state(app).store.close()
+
+
+def test_replay_headers_from_the_environment_form_keep_their_order() -> None:
+    app = Flask(__name__)
+    app.config["RETRYSAFE_STORE_URL"] = "memory://"
+    app.config["RETRYSAFE_REPLAY_HEADERS"] = "Idempotency-Replayed, Idempotent-Replayed"
+
+    @app.post("/orders")
+    def orders() -> tuple[str, int]:
+        return "ok", 201
+
+    Idempotency(app)
+    client = app.test_client()
+    client.post("/orders", headers={"Idempotency-Key": "k"})
+    replay = client.post("/orders", headers={"Idempotency-Key": "k"})
+    assert replay.headers["Idempotent-Replayed"] == "true"
+    assert replay.headers["Idempotency-Replayed"] == "true"

@@ -203,6 +203,13 @@ def _check_value(key: str, annotation: str, value: Any) -> Any:
             value = frozenset(value)
         else:
             raise wrong(f"a list of {item.__name__}")
+    elif base == "tuple[str, ...]":  # ordered (replay_headers)
+        if isinstance(value, str):
+            value = tuple(p.strip() for p in value.split(",") if p.strip())
+        elif isinstance(value, list | tuple) and all(isinstance(v, str) for v in value):
+            value = tuple(value)
+        else:
+            raise wrong("a list of str")
     return value
 
 

@@ -10,6 +10,8 @@ import argparse
 from collections.abc import Callable
 from importlib import import_module
 
+from .._errors import ConfigurationError
+
 __all__ = ["SERVERS", "serve_starlette"]
 
 
@@ -19,7 +21,10 @@ def serve_starlette(args: argparse.Namespace) -> None:
 
     from .app import create_app
 
-    app = create_app(store=args.store, db=args.db, ttl=args.ttl, lease=args.lease)
+    try:
+        app = create_app(store=args.store, db=args.db, ttl=args.ttl, lease=args.lease)
+    except ValueError as exc:  # a driver's own URL parsing (e.g. redis-py's options)
+        raise ConfigurationError(f"invalid store URL: {exc}") from exc
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
 
 
