@@ -364,7 +364,12 @@ class Flow:
             content_type=request.content_type,
         )
         resolver = config.scope_resolver
-        principal = default_principal(request) if resolver is None else resolver(request)
+        if resolver is not None:
+            principal = resolver(request)
+        elif request.user is None and not request.authorization:
+            principal = ""  # anonymous: global scope (the common case, without two calls)
+        else:
+            principal = default_principal(request)
         self.record_id = record_id(principal, request.method, request.path, key)
         #: The fencing token once the key is won ("" before).
         self.token = ""
