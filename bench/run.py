@@ -631,6 +631,12 @@ def markdown(report: dict[str, Any]) -> str:
             f"mode; timing one store call: {cost['single_process_store_call']:.2f} us, "
             f"{cost['multiprocess_store_call']:.2f} us"
         )
+    if report.get("inprocess_us"):
+        figures = report["inprocess_us"]
+        lines += ["", "## in-process CPU per request (no server, no network)", ""]
+        lines += ["| case | us/request |", "|---|---|"]
+        lines += [f"| {name} | {value:.1f} |" for name, value in figures.items()]
+        lines.append("")
     if meta.get("peer_versions"):
         lines.append(
             "- peers (bench/.venv-bench-peers): "
@@ -760,24 +766,27 @@ def run_micro(stamp: str, stores: list[str], env_urls: dict[str, str]) -> list[d
 _HOOK_COST = """
 import sys, time
 from prometheus_client import CollectorRegistry
-from retrysafe.asgi import IdempotencyMiddleware, _Exchange
+from retrysafe import IdempotencyConfig
+from retrysafe._flow import notify
+from retrysafe._request import Request
 from retrysafe.contrib.prometheus import PrometheusMetrics
 
 metrics = PrometheusMetrics(registry=CollectorRegistry())
 hook = metrics.event_hook("memory")
 observe = metrics.instrument("memory://")._observe
-scope = {"type": "http", "method": "POST", "path": "/orders", "headers": [], "route": None}
+request = Request("POST", "/orders", b"", [b"k"], -1, b"", b"", None, [])
+record = "0123456789abcdef0123"
 
 def per_request(on_event, n=50_000):
-    mw = IdempotencyMiddleware(None, store="memory://", on_event=on_event)
-    ex = _Exchange(mw, mw.config, scope, None, None)
-    ex.record_id = "0123456789abcdef0123"
+    # What the runner does for the two events of every executed request (the flow yields them
+    # only when a hook is set, so without one they cost nothing at all).
+    config = IdempotencyConfig(on_event=on_event)
     best = float("inf")
     for _ in range(7):
         start = time.perf_counter()
         for _ in range(n):
-            ex._emit("executed")
-            ex._emit("settled")
+            notify(config, "executed", request, record)
+            notify(config, "settled", request, record)
         best = min(best, (time.perf_counter() - start) / n)
     return best
 
@@ -793,6 +802,23 @@ def per_store_call(n=50_000):
 
 print((per_request(hook) - per_request(None)) * 1e6, per_store_call() * 1e6)
 """
+
+
+def inprocess_figures() -> dict[str, float] | None:
+    """CPU microseconds per request of the middlewares driven in-process (bench/inprocess.py),
+    in a process of their own so the load runs cannot disturb them."""
+    result = subprocess.run(
+        [sys.executable, str(BENCH / "inprocess.py"), "--json", "/dev/stdout"],
+        capture_output=True,
+        text=True,
+    )
+    if result.returncode != 0:
+        log(f"in-process figures failed: {result.stderr.strip()[-300:]}")
+        return None
+    figures: dict[str, float] = json.loads(result.stdout[result.stdout.index("{") :])
+    for name, value in figures.items():
+        log(f"in-process {name}: {value:.1f} us/request")
+    return figures
 
 
 def metrics_hook_cost() -> dict[str, float] | None:
@@ -897,6 +923,7 @@ def main(argv: list[str] | None = None) -> int:
         for m in micro:
             print(f"{m['name']:60s} {m['median_us']:10.2f} us")
         metrics_hook_cost()
+        inprocess_figures()
         return 0
 
     client: str | None = None
@@ -1096,6 +1123,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_micro:
         micro = run_micro(stamp, available, env_urls)
     hook_cost = metrics_hook_cost()
+    inprocess = inprocess_figures()
 
     rows = summarize(runs, specs)
     versions = {p: v for p in SHARED_STACK if (v := version_of(p))}
@@ -1127,6 +1155,7 @@ def main(argv: list[str] | None = None) -> int:
         },
         "micro": micro,
         "metrics_hook_us": hook_cost,
+        "inprocess_us": inprocess,
         "runs": runs,
     }
     md = markdown(report)
