@@ -13,7 +13,7 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+from starlette.routing import BaseRoute, Route
 
 from .._config import IdempotencyConfig
 from .._routes import idempotent
@@ -156,6 +156,7 @@ def create_app(
     ttl: float = 24 * 3600.0,
     lease: float = 30.0,
     transactional: bool | None = None,
+    fastapi: bool = False,
 ) -> Starlette:
     """Build OrderHub.
 
@@ -164,6 +165,8 @@ def create_app(
         db: where orders and payments live (default: the store's database when it is SQLite).
         ttl: retention of completed records, seconds.
         lease: lease of in-progress records, seconds.
+        fastapi: build it as a FastAPI app (the same routes and middleware; needs
+            ``retrysafe[fastapi]``) rather than a Starlette one.
         transactional: commit orders together with the stored responses; by default on when
             the orders live in the store's own SQL database.
 
@@ -223,7 +226,7 @@ def create_app(
             headers={"Retry-After": "1"},
         )
 
-    routes = [
+    routes: list[BaseRoute] = [
         Route("/", index),
         Route("/orders", create_order, methods=["POST"]),
         Route("/orders", _listing("orders", database), methods=["GET"]),
@@ -238,8 +241,10 @@ def create_app(
     config = IdempotencyConfig(ttl=ttl, lease=lease, transactional=transactional, on_event=on_event)
     # mypy cannot match a constructor with **options against Starlette's ParamSpec factory.
     middleware = [Middleware(IdempotencyMiddleware, store=idempotency_store, config=config)]  # type: ignore[arg-type]
-    return Starlette(
-        routes=routes,
-        middleware=middleware,
-        exception_handlers={DemoFailure: failed, DatabaseUnavailable: unavailable},
-    )
+    handlers: dict[Any, Any] = {DemoFailure: failed, DatabaseUnavailable: unavailable}
+    if fastapi:
+        from fastapi import FastAPI
+
+        # FastAPI serves Starlette routes as they are; its own /docs and /openapi.json come on top.
+        return FastAPI(routes=routes, middleware=middleware, exception_handlers=handlers)
+    return Starlette(routes=routes, middleware=middleware, exception_handlers=handlers)
