@@ -19,7 +19,9 @@ What it does, in order:
    postgres), so CPU per request is reported next to req/s (steadier than req/s on a shared
    machine), and the "client-CPU-only ratio": bare CPU/request over the app process's
    CPU/request, i.e. the throughput ratio once the store server has a core of its own.
-5. Runs the micro-benchmarks (``pytest bench/test_micro.py --benchmark-only``).
+5. Runs the micro-benchmarks (``pytest bench/test_micro.py --benchmark-only``), and measures
+   the Prometheus hook's cost per keyed request in-process (``executed`` + ``settled`` through
+   the middleware's own emit), in single-process and multiprocess mode.
 6. Writes ``bench/results/bench-<stamp>.json`` and ``.md`` (date, machine, commit) and prints
    the Markdown table. Removes every Redis key and PostgreSQL schema it created.
 
@@ -621,6 +623,20 @@ def markdown(report: dict[str, Any]) -> str:
         f"{SERVER_CPU}, load generator to core {CLIENT_CPU}; uvicorn 1 worker, uvloop, httptools",
         f"- stack: {', '.join(f'{k} {v}' for k, v in meta['versions'].items())}",
     ]
+    if report.get("metrics_hook_us"):
+        cost = report["metrics_hook_us"]
+        lines.append(
+            f"- Prometheus hook per keyed request (in-process, executed + settled): "
+            f"{cost['single_process']:.2f} us, {cost['multiprocess']:.2f} us in multiprocess "
+            f"mode; timing one store call: {cost['single_process_store_call']:.2f} us, "
+            f"{cost['multiprocess_store_call']:.2f} us"
+        )
+    if report.get("inprocess_us"):
+        figures = report["inprocess_us"]
+        lines += ["", "## in-process CPU per request (no server, no network)", ""]
+        lines += ["| case | us/request |", "|---|---|"]
+        lines += [f"| {name} | {value:.1f} |" for name, value in figures.items()]
+        lines.append("")
     if meta.get("peer_versions"):
         lines.append(
             "- peers (bench/.venv-bench-peers): "
@@ -744,6 +760,92 @@ def run_micro(stamp: str, stores: list[str], env_urls: dict[str, str]) -> list[d
     ]
 
 
+# The Prometheus hook per keyed request: the middleware's _emit of "executed" and "settled" (the
+# two events of every new key), with the hook minus without it. In a child process, since
+# prometheus_client picks its multiprocess value class at import time.
+_HOOK_COST = """
+import sys, time
+from prometheus_client import CollectorRegistry
+from retrysafe import IdempotencyConfig
+from retrysafe._flow import notify
+from retrysafe._request import Request
+from retrysafe.contrib.prometheus import PrometheusMetrics
+
+metrics = PrometheusMetrics(registry=CollectorRegistry())
+hook = metrics.event_hook("memory")
+observe = metrics.instrument("memory://")._observe
+request = Request("POST", "/orders", b"", [b"k"], -1, b"", b"", None, [])
+record = "0123456789abcdef0123"
+
+def per_request(on_event, n=50_000):
+    # What the runner does for the two events of every executed request (the flow yields them
+    # only when a hook is set, so without one they cost nothing at all).
+    config = IdempotencyConfig(on_event=on_event)
+    best = float("inf")
+    for _ in range(7):
+        start = time.perf_counter()
+        for _ in range(n):
+            notify(config, "executed", request, record)
+            notify(config, "settled", request, record)
+        best = min(best, (time.perf_counter() - start) / n)
+    return best
+
+def per_store_call(n=50_000):
+    best = float("inf")
+    for _ in range(7):
+        start = time.perf_counter()
+        for _ in range(n):
+            with observe("reserve"):
+                pass
+        best = min(best, (time.perf_counter() - start) / n)
+    return best
+
+print((per_request(hook) - per_request(None)) * 1e6, per_store_call() * 1e6)
+"""
+
+
+def inprocess_figures() -> dict[str, float] | None:
+    """CPU microseconds per request of the middlewares driven in-process (bench/inprocess.py),
+    in a process of their own so the load runs cannot disturb them."""
+    result = subprocess.run(
+        [sys.executable, str(BENCH / "inprocess.py"), "--json", "/dev/stdout"],
+        capture_output=True,
+        text=True,
+    )
+    if result.returncode != 0:
+        log(f"in-process figures failed: {result.stderr.strip()[-300:]}")
+        return None
+    figures: dict[str, float] = json.loads(result.stdout[result.stdout.index("{") :])
+    for name, value in figures.items():
+        log(f"in-process {name}: {value:.1f} us/request")
+    return figures
+
+
+def metrics_hook_cost() -> dict[str, float] | None:
+    """Microseconds the Prometheus hook adds per keyed request, and its timing of one store
+    call, in one process and in multiprocess mode (None without the extra)."""
+    if not module_available("prometheus_client"):
+        return None
+    found: dict[str, float] = {}
+    for mode in ("single_process", "multiprocess"):
+        env = dict(os.environ)
+        env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+        with tempfile.TemporaryDirectory() as tmp:
+            if mode == "multiprocess":
+                env["PROMETHEUS_MULTIPROC_DIR"] = tmp
+            result = subprocess.run(
+                [sys.executable, "-c", _HOOK_COST], env=env, capture_output=True, text=True
+            )
+        if result.returncode != 0:
+            log(f"metrics hook measurement failed: {result.stderr.strip()[-300:]}")
+            return None
+        hook, store_call = (float(v) for v in result.stdout.split())
+        found[mode] = round(hook, 3)
+        found[mode + "_store_call"] = round(store_call, 3)
+    log(f"metrics hook per keyed request: {found}")
+    return found
+
+
 # -- main ----------------------------------------------------------------------------------------
 
 
@@ -820,6 +922,8 @@ def main(argv: list[str] | None = None) -> int:
         micro = run_micro(stamp, available, env_urls)
         for m in micro:
             print(f"{m['name']:60s} {m['median_us']:10.2f} us")
+        metrics_hook_cost()
+        inprocess_figures()
         return 0
 
     client: str | None = None
@@ -1018,6 +1122,8 @@ def main(argv: list[str] | None = None) -> int:
 
     if not args.no_micro:
         micro = run_micro(stamp, available, env_urls)
+    hook_cost = metrics_hook_cost()
+    inprocess = inprocess_figures()
 
     rows = summarize(runs, specs)
     versions = {p: v for p in SHARED_STACK if (v := version_of(p))}
@@ -1048,6 +1154,8 @@ def main(argv: list[str] | None = None) -> int:
             if any(v != "ok" for v in spec.checks.values())
         },
         "micro": micro,
+        "metrics_hook_us": hook_cost,
+        "inprocess_us": inprocess,
         "runs": runs,
     }
     md = markdown(report)

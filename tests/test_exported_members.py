@@ -1,4 +1,5 @@
-"""Every public name of ``retrysafe`` and ``retrysafe.stores`` is in a sorted ``__all__``."""
+"""Every public name of ``retrysafe``, ``retrysafe.stores`` and ``retrysafe.client`` is in a
+sorted ``__all__``."""
 
 from __future__ import annotations
 import __future__
@@ -7,6 +8,7 @@ import re
 import types
 
 import retrysafe
+import retrysafe.client
 import retrysafe.stores
 
 
@@ -57,3 +59,18 @@ def test_stores_all_is_sorted() -> None:
 def test_stores_all_names_exist() -> None:
     for name in retrysafe.stores.__all__:
         assert hasattr(retrysafe.stores, name), name
+
+
+def test_client_all_is_complete() -> None:
+    # The transports load lazily (PEP 562): touch every name so they are in vars() too.
+    for name in retrysafe.client.__all__:
+        getattr(retrysafe.client, name)
+    assert sorted(retrysafe.client.__all__) == sorted(_public_names(retrysafe.client))
+
+
+def test_client_all_is_sorted() -> None:
+    assert retrysafe.client.__all__ == sorted(retrysafe.client.__all__, key=_isort_key)
+
+
+def test_client_dir_lists_the_lazy_names() -> None:
+    assert set(retrysafe.client.__all__) <= set(dir(retrysafe.client))

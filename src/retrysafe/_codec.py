@@ -79,36 +79,35 @@ def decode_response(data: bytes) -> StoredResponse:
     Raises:
         CodecError: the bytes are truncated, corrupt or of an unknown version.
     """
-    view = memoryview(data)
+    if type(data) is not bytes:
+        data = bytes(data)
+    # Plain bytes slices, positional construction: this runs for every replay.
     try:
-        magic, version, flags, status, count = _HEAD.unpack_from(view, 0)
+        magic, version, flags, status, count = _HEAD.unpack_from(data, 0)
         if magic != _MAGIC or version != _VERSION:
             raise CodecError(f"unknown stored-response format (version {version})")
         offset = _HEAD.size
         headers = []
+        name_at = _NAME.unpack_from
+        value_at = _VALUE.unpack_from
         for _ in range(count):
-            (name_len,) = _NAME.unpack_from(view, offset)
-            offset += _NAME.size
-            name = bytes(view[offset : offset + name_len])
+            name_len = name_at(data, offset)[0]
+            offset += 2
+            name = data[offset : offset + name_len]
             offset += name_len
-            (value_len,) = _VALUE.unpack_from(view, offset)
-            offset += _VALUE.size
-            value = bytes(view[offset : offset + value_len])
+            value_len = value_at(data, offset)[0]
+            offset += 4
+            value = data[offset : offset + value_len]
             offset += value_len
             if len(name) != name_len or len(value) != value_len:
                 raise CodecError("stored response is truncated")
             headers.append((name, value))
-        (body_len,) = _BODY.unpack_from(view, offset)
+        body_len = _BODY.unpack_from(data, offset)[0]
         offset += _BODY.size
     except struct.error as exc:
         raise CodecError("stored response is truncated") from exc
-    if len(view) - offset != body_len:
+    if len(data) - offset != body_len:
         raise CodecError("stored response body is truncated or has trailing bytes")
     if not 100 <= status <= 599:
         raise CodecError(f"stored response has an impossible status {status}")
-    return StoredResponse(
-        status=status,
-        headers=tuple(headers),
-        body=bytes(view[offset:]),
-        body_omitted=bool(flags & _FLAG_BODY_OMITTED),
-    )
+    return StoredResponse(status, tuple(headers), data[offset:], bool(flags & _FLAG_BODY_OMITTED))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal
@@ -54,6 +55,10 @@ DEFAULT_REPLAY_HEADER_DENYLIST: frozenset[str] = frozenset(
 )
 
 
+#: An HTTP field name (RFC 9110 token).
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+
+
 def _positive(name: str, value: float | None) -> None:
     if value is not None and not value > 0:
         raise ConfigurationError(f"{name} must be positive, got {value!r}")
@@ -95,10 +100,14 @@ class IdempotencyConfig:
         transactional: run each keyed request in a database transaction of the SQL store
             (SQLite, PostgreSQL): the handler's writes on :func:`retrysafe.transaction`'s
             connection commit together with the stored response (exactly-once effects).
-        on_event: called as ``hook(event, details)`` for ``replayed``, ``conflict``,
-            ``mismatch``, ``outcome_unknown``, ``store_error``, ``fail_open``,
+        on_event: called as ``hook(event, details)`` for ``executed``, ``settled``,
+            ``replayed``, ``conflict``, ``mismatch``, ``missing_key``, ``invalid_key``,
+            ``too_large``, ``outcome_unknown``, ``store_error`` (answered 503), ``fail_open``,
             ``completion_deferred``, ``completion_recovered``, ``completion_failed`` and
-            ``lease_lost`` (metrics, alerts); it must not block.
+            ``lease_lost``; ``details`` carries ``record`` (a hashed prefix, never the key),
+            ``method``, ``path``, ``route`` (the template when known), and ``error``/``phase``
+            where they apply (metrics, alerts: :mod:`retrysafe.contrib.prometheus`). It must not
+            block.
         problem_type_base: prefix of the RFC 9457 ``type`` of error responses.
         documentation_url: when set, errors carry ``Link: <url>; rel="describedby"``.
         detach_handler: run the handler in a task of its own, so that a server that cancels the
@@ -106,6 +115,17 @@ class IdempotencyConfig:
             still stored (guarantee 4). ``"auto"`` (default) skips it under uvicorn, which never
             cancels a request (it reports the disconnect instead), saving a task and two event
             loop turns per request; ``"always"``; ``"never"``.
+        replay_headers: headers set to ``true`` on every replay: ``Idempotency-Replayed`` (the
+            draft's practice) by default; add ``Idempotent-Replayed`` for clients written
+            against Stripe (its SDKs read that one).
+        retention_header: when set (e.g. ``"Idempotency-Key-Expires"``), first responses and
+            their replays carry this header with the HTTP date until which retries with the
+            key are deduplicated (the record's retention). Experimental: the draft defines no
+            such field yet.
+        adaptive_retry_after: a ``409`` in-progress answer's ``Retry-After`` says when the
+            first request is likely done (a running estimate of how long the route's requests
+            take in this process, bounded by the remaining lease, at least 1 s) rather than
+            when its lease ends; ``False``: the remaining lease.
     """
 
     methods: frozenset[str] = frozenset({"POST", "PATCH"})
@@ -129,9 +149,15 @@ class IdempotencyConfig:
     problem_type_base: str = "urn:retrysafe:problem:"
     documentation_url: str | None = None
     detach_handler: Literal["auto", "always", "never"] = "auto"
+    replay_headers: tuple[str, ...] = ("Idempotency-Replayed",)
+    retention_header: str | None = None
+    adaptive_retry_after: bool = True
     # Derived once, for the hot path: header names as the bytes ASGI carries.
     _deny_raw: frozenset[bytes] = field(init=False, repr=False, compare=False, default=frozenset())
     _allow_raw: frozenset[bytes] | None = field(init=False, repr=False, compare=False, default=None)
+    _replayed_raw: tuple[tuple[bytes, bytes], ...] = field(
+        init=False, repr=False, compare=False, default=()
+    )
 
     def __post_init__(self) -> None:
         # A bare string is iterable, so methods="POST" would silently protect {"P", "O", ...}.
@@ -173,6 +199,16 @@ class IdempotencyConfig:
             raise ConfigurationError("on_event must be callable")
         if self.detach_handler not in ("auto", "always", "never"):
             raise ConfigurationError("detach_handler must be 'auto', 'always' or 'never'")
+        _collection("replay_headers", self.replay_headers)
+        object.__setattr__(self, "replay_headers", tuple(self.replay_headers))
+        for name in (*self.replay_headers, self.retention_header or "x"):
+            if not isinstance(name, str) or not _TOKEN.fullmatch(name):
+                raise ConfigurationError(f"not an HTTP header name: {name!r}")
+        object.__setattr__(
+            self,
+            "_replayed_raw",
+            tuple((h.lower().encode("ascii"), b"true") for h in self.replay_headers),
+        )
         object.__setattr__(
             self, "_deny_raw", frozenset(h.encode("latin-1") for h in self.replay_header_denylist)
         )

@@ -27,6 +27,7 @@ import enum
 import logging
 import math
 from collections.abc import Generator, Mapping
+from email.utils import formatdate
 from typing import Any
 
 from ._codec import StoredResponse, decode_response, encode_response
@@ -34,6 +35,7 @@ from ._config import IdempotencyConfig
 from ._errors import CodecError, InvalidKeyError, StoreError
 from ._fingerprint import fingerprint
 from ._keys import parse_key, record_id
+from ._logging import LOG_LEVELS, log_event
 from ._problems import render_problem
 from ._request import Request
 from ._scope import default_principal
@@ -48,6 +50,7 @@ __all__ = [
     "EXECUTE",
     "FINALIZE",
     "MARK_COMMITTED",
+    "NOW",
     "RELEASE",
     "RENEW",
     "RESERVE",
@@ -61,6 +64,7 @@ __all__ = [
     "Answer",
     "Capture",
     "Decision",
+    "Estimates",
     "Flow",
     "admit",
     "decide",
@@ -88,6 +92,7 @@ TX_CLOSE = "tx_close"  # None -> None: give the connection back
 FINALIZE = "finalize"  # ok -> None: run the handler's finalizers (may raise anything)
 SLEEP = "sleep"  # seconds -> None
 CLOCK = "clock"  # None -> monotonic seconds
+NOW = "now"  # None -> wall-clock seconds since the epoch (only for the retention header)
 EMIT = "emit"  # event name -> None: call the on_event hook
 DEFER = "defer"  # encoded response -> None: keep the lease, run complete_later in the background
 
@@ -101,8 +106,33 @@ RUN_UNPROTECTED = "run_unprotected"
 #: How long a response whose completion failed is retried before giving up.
 COMPLETION_RETRY_SECONDS = 120.0
 
-_REPLAYED = (b"idempotency-replayed", b"true")
 _BODY_OMITTED = (b"idempotency-body-omitted", b"true")
+
+
+class Estimates:
+    """How long each route's requests take in this process: a running average per route, for
+    the ``Retry-After`` of a ``409`` (``adaptive_retry_after``). Bounded: past ``limit`` routes it
+    starts over, so paths with ids in them cannot grow it without end."""
+
+    __slots__ = ("limit", "seconds")
+
+    def __init__(self, limit: int = 1024) -> None:
+        self.limit = limit
+        self.seconds: dict[tuple[str, str], float] = {}
+
+    def observe(self, route: tuple[str, str], seconds: float) -> None:
+        """Fold one handler's duration into the route's average."""
+        known = self.seconds.get(route)
+        if known is None:
+            if len(self.seconds) >= self.limit:
+                self.seconds.clear()
+            self.seconds[route] = seconds
+        else:
+            self.seconds[route] = known + 0.2 * (seconds - known)
+
+    def get(self, route: tuple[str, str]) -> float | None:
+        """The route's average duration, if any request of it finished here."""
+        return self.seconds.get(route)
 
 
 class Answer:
@@ -221,21 +251,35 @@ def admit(request: Request, config: IdempotencyConfig) -> str | Answer | None:
     return key
 
 
-def notify(config: IdempotencyConfig, event: str, request: Request, record: str) -> None:
-    """Call the ``on_event`` hook (if any); a failing hook is logged, never raised."""
+def notify(
+    config: IdempotencyConfig,
+    event: str,
+    request: Request,
+    record: str,
+    extra: Mapping[str, object] | None = None,
+) -> None:
+    """Report ``event``: one structured log line when it is non-trivial (see
+    :mod:`retrysafe._logging`), and the ``on_event`` hook (a failing hook is logged, never
+    raised). Routine events cost nothing without a hook."""
     hook = config.on_event
-    if hook is None:
+    level = LOG_LEVELS.get(event)
+    if hook is None and level is None:
         return
-    details: Mapping[str, Any] = {
-        "record": record[:16],
+    details: dict[str, Any] = {
+        "record": record[:16] or None,
         "path": request.path,
         "method": request.method,
         "route": request.route,
     }
-    try:
-        hook(event, details)
-    except Exception:
-        logger.exception("on_event hook failed")
+    if extra:
+        details.update((k, str(v) if k == "error" else v) for k, v in extra.items())
+    if level is not None:
+        log_event(event, details)
+    if hook is not None:
+        try:
+            hook(event, details)
+        except Exception:
+            logger.exception("on_event hook failed")
 
 
 class Decision(enum.Enum):
@@ -295,11 +339,14 @@ class Flow:
     """
 
     __slots__ = (
+        "added_headers",
         "committed",
         "config",
+        "estimates",
         "fingerprint",
         "holds_response",
         "in_tx",
+        "lease_lost",
         "record_id",
         "request",
         "token",
@@ -317,7 +364,12 @@ class Flow:
             content_type=request.content_type,
         )
         resolver = config.scope_resolver
-        principal = default_principal(request) if resolver is None else resolver(request)
+        if resolver is not None:
+            principal = resolver(request)
+        elif request.user is None and not request.authorization:
+            principal = ""  # anonymous: global scope (the common case, without two calls)
+        else:
+            principal = default_principal(request)
         self.record_id = record_id(principal, request.method, request.path, key)
         #: The fencing token once the key is won ("" before).
         self.token = ""
@@ -328,6 +380,12 @@ class Flow:
         #: No byte of the response may leave before :meth:`settle` (transactional mode: the
         #: commit may still fail and turn the answer into a ``503``).
         self.holds_response = config.transactional
+        #: A renewal found the lease taken over (reported then, not again at completion).
+        self.lease_lost = False
+        #: Headers the flow adds to the handler's response (and stores with it).
+        self.added_headers: list[tuple[bytes, bytes]] = []
+        #: The middleware's duration estimates (set by the runner), for ``Retry-After``.
+        self.estimates: Estimates | None = None
 
     # -- claim -----------------------------------------------------------------------------
 
@@ -346,14 +404,13 @@ class Flow:
                 reservation: Reservation = yield RESERVE, None
             except StoreError as exc:
                 if config.on_store_error == "fail_open":
-                    logger.warning("idempotency store failed, running unprotected: %s", exc)
-                    yield from self._emit("store_error")
-                    yield from self._emit("fail_open")
+                    yield from self._emit("fail_open", error=exc)
                     return RUN_UNPROTECTED
-                logger.error("idempotency store failed, answering 503: %s", exc)
                 return (
                     yield from self.unavailable(
-                        "The idempotency store cannot be reached; retry later."
+                        "The idempotency store cannot be reached; retry later.",
+                        error=exc,
+                        phase="reserve",
                     )
                 )
             decision = decide(reservation, self.fingerprint)
@@ -362,6 +419,11 @@ class Flow:
                 if config.transactional:
                     self.in_tx = True
                     yield BEGIN, None
+                if config.retention_header is not None:
+                    now: float = yield NOW, None
+                    expires = formatdate(now + config.ttl, usegmt=True).encode("ascii")
+                    name = config.retention_header.lower().encode("ascii")
+                    self.added_headers = [(name, expires)]
                 if config.on_event is not None:
                     yield EMIT, "executed"
                 return EXECUTE
@@ -388,10 +450,10 @@ class Flow:
                     "the key (retrysafe resolve).",
                 )
             if config.on_conflict == "wait":
-                now: float = yield CLOCK, None
+                clock: float = yield CLOCK, None
                 if deadline < 0:
-                    deadline = now + config.conflict_wait
-                if now + delay < deadline:
+                    deadline = clock + config.conflict_wait
+                if clock + delay < deadline:
                     yield SLEEP, delay
                     delay = min(delay * 2, 0.25)
                     continue
@@ -401,15 +463,30 @@ class Flow:
                 "idempotency-request-in-progress",
                 "The first request with this Idempotency-Key is still being processed; "
                 "retry later.",
-                retry_after=retry_after(record.lease_remaining),
+                retry_after=retry_after(self._likely_remaining(record.lease_remaining)),
             )
+
+    def _likely_remaining(self, lease_remaining: float) -> float:
+        if self.config.adaptive_retry_after and self.estimates is not None:
+            took = self.estimates.get((self.request.method, self.request.path))
+            if took is not None:
+                return min(lease_remaining, took)
+        return lease_remaining
+
+    def observe(self, seconds: float) -> None:
+        """The handler took ``seconds`` (measured by the runner): fold it into the estimate."""
+        if self.estimates is not None:
+            self.estimates.observe((self.request.method, self.request.path), seconds)
 
     def _replay(self, data: bytes) -> Generator[Action, Any, Answer]:
         try:
             stored = decode_response(data)
         except CodecError as exc:
-            logger.error("stored response of %s is unreadable: %s", self.record_id[:12], exc)
-            return (yield from self.unavailable("The stored response cannot be read."))
+            return (
+                yield from self.unavailable(
+                    "The stored response cannot be read.", error=exc, phase="replay"
+                )
+            )
         if self.config.on_event is not None:
             yield EMIT, "replayed"
         headers = list(stored.headers)
@@ -417,7 +494,7 @@ class Flow:
             headers = [(n, v) for n, v in headers if n != b"content-length"]
             headers.append((b"content-length", b"0"))
             headers.append(_BODY_OMITTED)
-        headers.append(_REPLAYED)
+        headers.extend(self.config._replayed_raw)
         return Answer(stored.status, headers, stored.body)
 
     # -- settlement ------------------------------------------------------------------------
@@ -476,12 +553,7 @@ class Flow:
         try:
             done = yield COMPLETE, data
         except StoreError as exc:
-            logger.error(
-                "could not store the response of %s (%s); retrying in the background",
-                self.record_id[:12],
-                exc,
-            )
-            yield from self._emit("completion_deferred")
+            yield from self._emit("completion_deferred", error=exc)
             yield DEFER, data
             return
         if not done:
@@ -513,7 +585,8 @@ class Flow:
                 # handler: say so (503, retry) rather than pass on the framework's 500.
                 return (
                     yield from self.unavailable(
-                        "The database connection was lost; retry with the same key."
+                        "The database connection was lost; retry with the same key.",
+                        phase="transaction",
                     )
                 )
             return None
@@ -526,7 +599,6 @@ class Flow:
         except StoreError as exc:
             # The commit may or may not have happened; both outcomes are consistent (the writes
             # and the record commit together), so the retry replays or runs afresh.
-            logger.error("transaction of %s failed: %s", self.record_id[:12], exc)
             yield from self._close_transaction()
             if self.committed:  # an effect outside the transaction happened: never rerun
                 yield from self._declare_unknown()
@@ -534,13 +606,15 @@ class Flow:
                 yield from self._release()  # a no-op if the commit did land (record complete)
             return (
                 yield from self.unavailable(
-                    "The transaction could not be committed; retry with the same key."
+                    "The transaction could not be committed; retry with the same key.",
+                    error=exc,
+                    phase="commit",
                 )
             )
         yield from self._close_transaction()
         if not done:
             # Fenced out: our lease was taken over and the writes were rolled back.
-            yield from self._emit("lease_lost")
+            yield from self._emit("lease_lost", phase="commit")
             return problem(
                 self.config,
                 "idempotency-request-in-progress",
@@ -563,23 +637,25 @@ class Flow:
         if not started and isinstance(error, StoreError):
             # The handler's transaction could not begin (lock, pool or connection): a store
             # failure like any other, answered 503, never a 500 with a traceback.
-            logger.error("store failed inside the handler of %s: %s", self.record_id[:12], error)
             yield from self.abandon()
             return (
-                yield from self.unavailable("The idempotency store cannot be reached; retry later.")
+                yield from self.unavailable(
+                    "The idempotency store cannot be reached; retry later.",
+                    error=error,
+                    phase="handler",
+                )
             )
         if not started and self.in_tx and isinstance(error, Exception):
             _, broken = yield TX_STATE, None
             if broken:
                 # The handler failed because its transaction's connection died (e.g. a
                 # terminated backend): a store failure, answered 503 like the others.
-                logger.error(
-                    "transaction of %s lost its connection: %r", self.record_id[:12], error
-                )
                 yield from self.abandon()
                 return (
                     yield from self.unavailable(
-                        "The database connection was lost; retry with the same key."
+                        "The database connection was lost; retry with the same key.",
+                        error=error,
+                        phase="transaction",
                     )
                 )
         yield from self.abandon()
@@ -605,9 +681,16 @@ class Flow:
         else:
             yield from self._release()
 
-    def close(self) -> Steps:
-        """The request is over, whatever happened: close its transaction if still open."""
-        return self._close_transaction()
+    def finish(self) -> Steps | None:
+        """The executed request is over, whatever happened: the steps that close its
+        transaction if still open and report ``settled``; ``None`` when there are none."""
+        if self.in_tx or self.config.on_event is not None:
+            return self._finish()
+        return None
+
+    def _finish(self) -> Steps:
+        yield from self._close_transaction()
+        yield from self._emit("settled")
 
     def complete_later(self, data: bytes) -> Steps:
         """Keep trying to store a response after a store failure: while it is not stored the
@@ -622,12 +705,10 @@ class Flow:
             except StoreError:
                 continue
             if done:
-                logger.warning("response of %s stored after a retry", self.record_id[:12])
                 yield from self._emit("completion_recovered")
             else:
                 yield from self._lease_lost_at_completion()
             return
-        logger.error("gave up storing the response of %s", self.record_id[:12])
         yield from self._emit("completion_failed")
 
     # -- beside the handler ----------------------------------------------------------------
@@ -640,8 +721,8 @@ class Flow:
             logger.warning("could not renew the lease of %s: %s", self.record_id[:12], exc)
             return True  # the store may come back before the lease ends
         if not ok:
-            logger.error("lease of %s was taken over while its handler ran", self.record_id[:12])
-            yield from self._emit("lease_lost")
+            self.lease_lost = True
+            yield from self._emit("lease_lost", phase="renew")
         return bool(ok)
 
     def mark_committed(self) -> Generator[Action, Any, bool]:
@@ -659,11 +740,23 @@ class Flow:
             logger.error("could not mark %s committed: %s", self.record_id[:12], exc)
             return False
 
+    def outcome_known(self) -> None:
+        """The effect declared with :meth:`mark_committed` has a definite answer after all (the
+        proxy's upstream replied in full): the response's status decides again, as if it had
+        never been marked (stored, or released by the status policy)."""
+        self.committed = False
+
     # -- shared steps ----------------------------------------------------------------------
 
-    def unavailable(self, detail: str) -> Generator[Action, Any, Answer]:
-        """``503`` + ``Retry-After``: the store (or the transaction's database) failed."""
-        yield from self._emit("store_error")
+    def unavailable(self, detail: str, **extra: object) -> Generator[Action, Any, Answer]:
+        """``503`` + ``Retry-After``: the store (or the transaction's database) failed.
+
+        Args:
+            detail: the problem's detail.
+            **extra: what the ``store_error`` event and its log line carry (``error``,
+                ``phase``: where it failed).
+        """
+        yield from self._emit("store_error", **extra)
         return problem(
             self.config,
             "idempotency-store-unavailable",
@@ -671,9 +764,10 @@ class Flow:
             retry_after=self.config.store_retry_after,
         )
 
-    def _emit(self, event: str) -> Steps:
-        if self.config.on_event is not None:
-            yield EMIT, event
+    def _emit(self, event: str, **extra: object) -> Steps:
+        # Only when someone listens: the hook, or the log for non-trivial events.
+        if self.config.on_event is not None or event in LOG_LEVELS:
+            yield EMIT, (event, extra) if extra else event
 
     def _release(self) -> Steps:
         try:
@@ -685,8 +779,7 @@ class Flow:
     def _declare_unknown(self) -> Steps:
         """The effects are committed but there is no response to store: keep the key, and let
         its lease lapse now, so retries get "outcome unknown" at once, never a second run."""
-        logger.error("request %s failed after committing its effects", self.record_id[:12])
-        yield from self._emit("outcome_unknown")
+        yield from self._emit("outcome_unknown", phase="declared")
         try:
             # mark_committed, not renew: it also lands if the handler's own mark never did.
             yield MARK_COMMITTED, 0.0
@@ -711,12 +804,11 @@ class Flow:
             logger.error("closing the transaction of %s failed: %s", self.record_id[:12], exc)
 
     def _lease_lost_at_completion(self) -> Steps:
-        logger.error(
-            "the lease of %s was taken over before its response was stored: another request "
-            "may have run the operation again (renewals failed for longer than the lease)",
-            self.record_id[:12],
-        )
-        yield from self._emit("lease_lost")
+        # The response was not stored: another request took the key over (renewals failed for
+        # longer than the lease) and may have run the operation again.
+        if not self.lease_lost:
+            self.lease_lost = True
+            yield from self._emit("lease_lost", phase="completion")
 
     def _encode(
         self,
@@ -733,4 +825,5 @@ class Flow:
             if lname in deny or (allow is not None and lname not in allow):
                 continue
             kept.append((lname, value))
+        kept.extend(self.added_headers)
         return encode_response(StoredResponse(status, tuple(kept), body, omitted))

@@ -7,7 +7,7 @@ resolver works unchanged on every front.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 __all__ = ["Request", "content_length"]
@@ -27,10 +27,12 @@ class Request:
         user: the framework's authenticated user object (Starlette ``scope["user"]``, Django
             ``request.user``) or name (WSGI ``REMOTE_USER``), else ``None``.
         headers: every header as ``(lower-case name, value)`` byte pairs.
-        route: the route template (``/orders/{id}``) when the shell knows it, else ``None``.
+        source: the shell's own request object (ASGI scope, WSGI environ), for ``find_route``.
     """
 
     __slots__ = (
+        "_find_route",
+        "_route",
         "authorization",
         "content_length",
         "content_type",
@@ -39,7 +41,7 @@ class Request:
         "method",
         "path",
         "query",
-        "route",
+        "source",
         "user",
     )
 
@@ -54,6 +56,10 @@ class Request:
         authorization: bytes,
         user: Any,
         headers: Sequence[tuple[bytes, bytes]],
+        *,
+        route: str | None = None,
+        source: Any = None,
+        find_route: Callable[[Any], str | None] | None = None,
     ) -> None:
         self.method = method
         self.path = path
@@ -64,7 +70,24 @@ class Request:
         self.authorization = authorization
         self.user = user
         self.headers = headers
-        self.route: str | None = None
+        self.source = source
+        self._route = route
+        self._find_route = find_route
+
+    @property
+    def route(self) -> str | None:
+        """The route template (``/orders/{id}``) when known, else ``None``; found on first use
+        (only metrics and logs ask), never the raw path."""
+        if self._find_route is not None:
+            find, self._find_route = self._find_route, None
+            self._route = find(self.source)
+        return self._route
+
+    @route.setter
+    def route(self, template: str | None) -> None:
+        # A shell (or framework integration) that learns the route after building the request.
+        self._find_route = None
+        self._route = template
 
     def header(self, name: str) -> str | None:
         """Return the first value of the header ``name`` (case-insensitive), if present."""

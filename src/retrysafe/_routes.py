@@ -7,6 +7,7 @@ middleware runs) and matches the request against those routes only.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Mapping
 from typing import Any, Literal, TypeVar
 
@@ -19,6 +20,7 @@ __all__ = [
     "idempotent",
     "route_config",
     "route_options",
+    "route_template",
 ]
 
 ROUTE_OPTIONS_ATTR = "__retrysafe_options__"
@@ -131,3 +133,54 @@ def find_route_options(
         if match.value == 2:  # starlette.routing.Match.FULL
             return options
     return None
+
+
+def route_template(scope: Mapping[str, Any]) -> str | None:
+    """The template of the route a request goes to (``/orders/{id}``), for metric labels.
+
+    Starlette and FastAPI put the matched route in ``scope["route"]`` once routed; before that
+    (a replay never reaches the router) the app's routes are matched here. ``None`` when
+    unknown: labels must never carry the raw path (unbounded cardinality).
+    """
+    route = scope.get("route")
+    if route is not None:
+        template = getattr(route, "path_format", None) or getattr(route, "path", None)
+        return template if isinstance(template, str) else None
+    app = scope.get("app")
+    routes = getattr(app, "routes", None)
+    if not routes:
+        return None
+    # Matching every route costs about a microsecond each: remember the answer per path.
+    try:
+        templates = _templates.get(app)
+        if templates is None:
+            templates = _templates[app] = {}
+    except TypeError:  # an app that cannot be weakly referenced: no cache
+        templates = {}
+    cache_key = (len(routes), scope.get("method"), scope.get("path"))
+    if cache_key in templates:
+        return templates[cache_key]
+    found: str | None = None
+    for candidate in routes:
+        # A Mount's own path is only a prefix of its routes' templates: not a label.
+        if getattr(candidate, "routes", None) or not hasattr(candidate, "matches"):
+            continue
+        try:
+            match, _ = candidate.matches(scope)
+        except Exception:
+            continue
+        if getattr(match, "value", 0) == 2:  # starlette.routing.Match.FULL
+            template = getattr(candidate, "path_format", None) or getattr(candidate, "path", None)
+            found = template if isinstance(template, str) else None
+            break
+    if len(templates) >= _TEMPLATES_MAX:
+        templates.clear()  # raw paths with ids in them must not grow it without bound
+    templates[cache_key] = found
+    return found
+
+
+#: app -> ``(route count, method, path)`` -> route template, for :func:`route_template`.
+_templates: weakref.WeakKeyDictionary[Any, dict[tuple[int, object, object], str | None]] = (
+    weakref.WeakKeyDictionary()
+)
+_TEMPLATES_MAX = 4096

@@ -21,6 +21,7 @@ __all__ = [
     "Transaction",
     "context_transaction",
     "mark_committed",
+    "outcome_known",
     "transaction",
 ]
 
@@ -153,3 +154,13 @@ async def mark_committed(request: Any) -> bool:
         return True
     ok: bool = await context.mark_committed()
     return ok
+
+
+def outcome_known(request: Any) -> None:
+    """Undo :func:`mark_committed` for a request whose effect turned out to have a definite
+    answer (e.g. a proxied upstream replied in full): its status decides again whether the key is
+    stored or released. A no-op for a request without a key."""
+    scope: Mapping[str, Any] = getattr(request, "scope", request)
+    context = scope.get(CONTEXT_SCOPE_KEY)
+    if context is not None:
+        context.flow.outcome_known()

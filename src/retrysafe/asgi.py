@@ -1,9 +1,8 @@
 """Pure ASGI idempotency middleware (no Starlette import needed).
 
-Works in any ASGI app: Starlette, FastAPI, Litestar, or a bare ASGI callable::
+Works in any ASGI app (Starlette, FastAPI, Litestar, a bare ASGI callable)::
 
     app = IdempotencyMiddleware(app, store="sqlite:///idempotency.db")
-
 A thin shell: it translates ASGI to the neutral request, reads the body within the limit and
 captures the response through a send hook; :mod:`retrysafe._flow` decides everything else.
 """
@@ -19,7 +18,7 @@ from ._async.runner import AsyncExchange, AsyncRunner
 from ._config import IdempotencyConfig, front_config
 from ._flow import EXECUTE, RUN_UNPROTECTED, Answer, Capture, Flow, admit, notify, too_large
 from ._request import Request, content_length
-from ._routes import RouteTable
+from ._routes import RouteTable, route_template
 from ._transaction import CONTEXT_SCOPE_KEY
 from .stores import AsyncStore, Store, resolve_async_store
 
@@ -69,7 +68,7 @@ def request_from_scope(scope: Scope) -> Request:
     method, path, query = scope["method"], scope["path"], scope.get("query_string", b"")
     return Request(
         method, path, query, keys, content_length(length), content_type, authorization,
-        scope.get("user"), headers,
+        scope.get("user"), headers, source=scope, find_route=route_template,
     )  # fmt: skip
 
 
@@ -154,10 +153,9 @@ async def _read_body(receive: Receive, limit: int) -> bytes:
 
 
 async def _send_answer(send: Send, answer: Answer) -> None:
+    start = {"type": "http.response.start", "status": answer.status, "headers": answer.headers}
     try:
-        await send(
-            {"type": "http.response.start", "status": answer.status, "headers": answer.headers}
-        )
+        await send(start)
         await send({"type": "http.response.body", "body": answer.body, "more_body": False})
     except OSError:
         pass  # the client went away; nothing is lost (nothing ran, or the record is stored)
@@ -235,6 +233,7 @@ class _Execution:
                 await exchange.incomplete()
         finally:
             await exchange.end()
+            del self.scope[CONTEXT_SCOPE_KEY]  # the request holds the scope: leave no cycle
 
     def _detach(self) -> bool:
         mode = self.exchange.flow.config.detach_handler
@@ -261,8 +260,9 @@ class _Execution:
     async def _send(self, message: Message) -> None:
         kind = message["type"]
         if kind == "http.response.start":
-            self.status = message["status"]
-            self.headers = message.get("headers", [])
+            self.status, self.headers = message["status"], message.get("headers", [])
+            if self.exchange.flow.added_headers:  # e.g. the retention header
+                message = {**message, "headers": [*self.headers, *self.exchange.flow.added_headers]}
         elif kind == "http.response.body":
             capture = self.capture
             capture.add(message.get("body", b""))

@@ -1,22 +1,70 @@
-"""The ``retrysafe`` command: demo, purge, check, inspect, resolve, schema.
+"""The ``retrysafe`` command: demo, proxy, request, purge, check, inspect, resolve, schema, stats.
 
 Only here (and in framework adapters) is the environment read: ``RETRYSAFE_STORE_URL`` is the
-default of every ``--store``.
+default of every ``--store``. Every command that names a store first makes one round trip to it
+(:func:`_open_store`), so a store it cannot reach or use is a non-zero exit with one line, never
+a silent success (Redis' ``purge`` and ``schema`` would otherwise touch nothing).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
-from ._errors import IdempotencyError
+from ._errors import ConfigurationError, IdempotencyError
 from ._keys import record_id
 from ._scope import authorization_scope
-from .stores import store_from_url
+from .stores import Store, store_from_url
 
 __all__ = ["main"]
+
+_DESCRIPTION = """\
+Inspect and maintain retrysafe stores, and serve the OrderHub demo.
+Every --store defaults to $RETRYSAFE_STORE_URL."""
+
+#: The lease a demo gets when --lease is not given (never longer than --ttl).
+_DEFAULT_LEASE = 30.0
+
+
+class _StoreFailed(Exception):
+    """A store could not be opened or used; carries the one line to print."""
+
+
+def _reach(operation: Callable[..., object], *args: object) -> None:
+    """Run one store operation; a store error becomes the command's one-line failure."""
+    try:
+        operation(*args)
+    except IdempotencyError as exc:
+        raise _StoreFailed(f"cannot use the store: {exc}") from exc
+
+
+@contextlib.contextmanager
+def _open_store(url: str, *, probe: bool = True) -> Iterator[Store]:
+    """Build the store a URL names and make one round trip to it, closing it afterwards.
+
+    The round trip (a read of a key nobody uses) is what tells an unreachable server, a Redis
+    database that does not exist or a SQLite path that cannot be opened from a working store,
+    whichever command runs next. ``probe=False`` leaves it to the command (``schema apply``,
+    whose table may not exist yet).
+
+    Raises:
+        _StoreFailed: the URL is invalid or the store cannot be reached or used.
+    """
+    try:
+        store = store_from_url(url)
+    except (IdempotencyError, ValueError) as exc:
+        raise _StoreFailed(f"invalid store URL: {exc}") from exc
+    try:
+        if probe:
+            _reach(store.get, "retrysafe-cli-probe")
+        yield store
+    finally:
+        with contextlib.suppress(Exception):  # closing a store that never connected may fail
+            store.close()
 
 
 def _store_arg(parser: argparse.ArgumentParser, default: str | None = None) -> None:
@@ -47,6 +95,12 @@ def _scope_of(args: argparse.Namespace) -> str:
 def _demo(args: argparse.Namespace) -> int:
     from .demo.serve import SERVERS
 
+    args.lease = min(_DEFAULT_LEASE, args.ttl) if args.lease is None else args.lease
+    if args.lease > args.ttl:
+        raise ConfigurationError(
+            f"--lease {args.lease:g} is longer than --ttl {args.ttl:g}; pass --lease "
+            f"{args.ttl:g} or less (or leave --lease out: it follows a short --ttl)"
+        )
     print(
         f"OrderHub ({args.framework}) on http://{args.host}:{args.port}/ (store {args.store})",
         flush=True,
@@ -59,36 +113,125 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
-def _purge(args: argparse.Namespace) -> int:
-    store = store_from_url(args.store)
+#: Where ``retrysafe proxy`` hands its settings to uvicorn's worker processes.
+_PROXY_SETTINGS_ENV = "_RETRYSAFE_PROXY_SETTINGS"
+
+
+def _proxy(args: argparse.Namespace) -> int:
     try:
+        import uvicorn
+
+        from .proxy import OPTIONS, build_app, load_settings
+    except ImportError as exc:
+        print(f"retrysafe proxy needs: pip install 'retrysafe[proxy]' ({exc})", file=sys.stderr)
+        return 2
+    flags = {name: getattr(args, name, None) for name in OPTIONS}
+    settings = load_settings(flags, os.environ, args.config or os.environ.get("RETRYSAFE_CONFIG"))
+    app = build_app(settings)  # every setting and the store URL checked before serving
+    host, port = settings.listen_address()
+    print(
+        f"retrysafe proxy on http://{settings.listen} -> {settings.upstream} "
+        f"(store {settings.store.split('://')[0]}, {settings.workers} worker(s))",
+        flush=True,
+    )
+    common: dict[str, Any] = {
+        "host": host,
+        "port": port,
+        "log_level": settings.log_level,
+        "lifespan": "on",
+        # Forwarded headers are the proxy's own business (--trust-forwarded), and the
+        # upstream's Date and Server pass through instead of uvicorn's.
+        "proxy_headers": False,
+        "server_header": False,
+        "date_header": False,
+    }
+    if settings.workers == 1:
+        uvicorn.run(app, **common)
+        return 0
+    # Workers are separate processes that import the app: they rebuild it from the settings.
+    os.environ[_PROXY_SETTINGS_ENV] = settings.to_json()
+    uvicorn.run("retrysafe.cli:_proxy_worker_app", factory=True, workers=settings.workers, **common)
+    return 0
+
+
+def _proxy_worker_app() -> object:
+    """The app of one ``retrysafe proxy`` worker process (uvicorn factory)."""
+    from .proxy import ProxySettings, build_app
+
+    return build_app(ProxySettings.from_json(os.environ[_PROXY_SETTINGS_ENV]))
+
+
+def _proxy_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from .proxy import OPTIONS
+
+    proxy = sub.add_parser(
+        "proxy",
+        help="serve an idempotency proxy in front of an HTTP backend in any language",
+        description="Every option also comes from RETRYSAFE_<OPTION> (the store from "
+        "RETRYSAFE_STORE_URL) or from the TOML --config file (top-level options and [[routes]] "
+        "tables with path, enabled, methods, required, ttl, lease); a flag wins over the "
+        "environment, which wins over the file.",
+    )
+    proxy.add_argument("--config", help="TOML file (default: $RETRYSAFE_CONFIG)")
+    helps = {
+        "listen": "HOST:PORT to serve on",
+        "upstream": "base URL of the backend, e.g. http://127.0.0.1:9000",
+        "store": "store URL",
+        "workers": "uvicorn worker processes",
+        "methods": "protected methods, comma-separated",
+        "required": "a protected request without a key gets 400",
+        "ttl": "retention of completed records, seconds",
+        "lease": "lease of a reservation, seconds",
+        "max_body_size": "larger keyed request bodies get 413",
+        "max_stored_body_size": "larger responses stream through but are not stored",
+        "on_conflict": "reject (409) or wait for the first request of a key",
+        "store_server_errors": "store upstream 5xx answers instead of releasing the key",
+        "on_ambiguous": "unknown: a request sent without an answer is never forwarded again "
+        "(409 outcome-unknown); release: free the key (idempotent upstreams)",
+        "principal_header": "header whose value scopes keys",
+        "trust_forwarded": "keep and extend incoming Forwarded/X-Forwarded-* headers",
+        "connect_timeout": "seconds to connect to the upstream",
+        "upstream_timeout": "seconds for each upstream read or write",
+        "max_connections": "upstream connection pool size per worker",
+        "log_level": "uvicorn log level",
+    }
+    choices = {"on_conflict": ["reject", "wait"], "on_ambiguous": ["unknown", "release"]}
+    for name, (kind, variable, default) in OPTIONS.items():
+        flag = "--" + name.replace("_", "-")
+        shown = "required" if default is ... else f"default {default!r}"
+        if isinstance(default, frozenset):
+            shown = "default " + ",".join(sorted(default))
+        text = f"{helps.get(name, name)} (${variable}; {shown})"
+        if kind == "bool":
+            proxy.add_argument(flag, action=argparse.BooleanOptionalAction, help=text)
+        else:
+            proxy.add_argument(flag, choices=choices.get(name), help=text)
+    proxy.set_defaults(func=_proxy)
+
+
+def _purge(args: argparse.Namespace) -> int:
+    if args.dry_run:
+        return _purge_dry_run(args)
+    with _open_store(args.store) as store:
         print(f"purged {store.purge_expired()} expired records")
-    finally:
-        store.close()
     return 0
 
 
 def _check(args: argparse.Namespace) -> int:
-    store = store_from_url(args.store)
-    try:
+    with _open_store(args.store) as store:
         probe = "retrysafe-check:" + os.urandom(8).hex()
         reservation = store.reserve(probe, "check", lease=5.0, ttl=10.0)
         if reservation.token is None or not store.release(probe, reservation.token):
             print("store answered, but a reserve/release round trip failed", file=sys.stderr)
             return 1
-    finally:
-        store.close()
     print(f"ok: {args.store.split('://')[0]} store reachable; reserve and release work")
     return 0
 
 
 def _inspect(args: argparse.Namespace) -> int:
     rid = record_id(_scope_of(args), args.method.upper(), args.path, args.key)
-    store = store_from_url(args.store)
-    try:
+    with _open_store(args.store) as store:
         record = store.get(rid)
-    finally:
-        store.close()
     if record is None:
         print(f"record {rid[:16]}: none (never used, released, or expired)")
         return 1
@@ -110,8 +253,7 @@ def _inspect(args: argparse.Namespace) -> int:
 
 def _resolve(args: argparse.Namespace) -> int:
     rid = record_id(_scope_of(args), args.method.upper(), args.path, args.key)
-    store = store_from_url(args.store)
-    try:
+    with _open_store(args.store) as store:
         record = store.get(rid)
         if record is None:
             print(f"record {rid[:16]}: none; nothing to resolve")
@@ -120,27 +262,91 @@ def _resolve(args: argparse.Namespace) -> int:
             print(f"record {rid[:16]} is completed; use --force to delete a stored response")
             return 1
         store.delete(rid)
-    finally:
-        store.close()
     print(f"record {rid[:16]} deleted: the next request with this key runs the operation")
     return 0
 
 
 def _schema(args: argparse.Namespace) -> int:
-    store = store_from_url(args.store)
-    try:
+    # A store with tables is reached by creating them (the probe would read a table that may
+    # not exist yet); one without (Redis) by the probe.
+    with _open_store(args.store, probe=False) as store:
         ensure = getattr(store, "ensure_schema", None)
         if ensure is not None:
-            ensure()
-    finally:
-        store.close()
+            _reach(ensure)
+        else:
+            _reach(store.get, "retrysafe-cli-probe")
     print(f"schema ready in {args.store.split('://')[0]} store")
     return 0
 
 
+def _purge_dry_run(args: argparse.Namespace) -> int:
+    from ._stats import store_stats
+
+    with _open_store(args.store) as store:
+        expired = store_stats(store).expired
+    if args.store.startswith(("redis://", "rediss://")):
+        print("would purge 0 expired records (Redis expires records by itself)")
+    else:
+        print(f"would purge {expired} expired records (dry run: nothing deleted)")
+    return 0
+
+
+def _stats(args: argparse.Namespace) -> int:
+    import json
+
+    from ._stats import store_stats
+
+    with _open_store(args.store) as store:
+        stats = store_stats(store)
+    left = stats.oldest_in_progress_retention_left
+    oldest = None if left is None else max(0.0, args.ttl - left)
+    if args.json:
+        print(json.dumps({**stats.as_dict(), "oldest_in_progress_age": oldest}, sort_keys=True))
+    else:
+        print(f"store: {args.store.split('://')[0]}")
+        print(f"completed: {stats.completed}")
+        print(
+            f"in progress: {stats.in_progress + stats.committed} ({stats.committed} with "
+            "effects committed)"
+        )
+        if oldest is None:
+            print("oldest in progress: none")
+        else:
+            print(f"oldest in progress: started {oldest:.0f} s ago (for --ttl {args.ttl:g})")
+        print(
+            f"outcome unknown: {stats.outcome_unknown}"
+            + (" (retrysafe inspect / resolve)" if stats.outcome_unknown else "")
+        )
+        print(f"lease lapsed (taken over on retry): {stats.lapsed}")
+        print(f"expired (retrysafe purge deletes them): {stats.expired}")
+    return 1 if args.fail_on_unknown and stats.outcome_unknown else 0
+
+
+def _stats_parser(sub: Any) -> None:
+    stats = sub.add_parser("stats", help="count records by state (in progress, outcome unknown)")
+    _store_arg(stats)
+    stats.add_argument(
+        "--ttl",
+        type=float,
+        default=24 * 3600.0,
+        help="the retention the app uses, seconds (ages are derived from it; default 86400)",
+    )
+    stats.add_argument("--json", action="store_true", help="one JSON object instead of text")
+    stats.add_argument(
+        "--fail-on-unknown",
+        action="store_true",
+        help="exit 1 when some key's outcome is unknown (for a monitoring check)",
+    )
+    stats.set_defaults(func=_stats)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Return the argument parser of the ``retrysafe`` command."""
-    parser = argparse.ArgumentParser(prog="retrysafe", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="retrysafe",
+        description=_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     demo = sub.add_parser("demo", help="serve the OrderHub demo")
@@ -149,7 +355,12 @@ def build_parser() -> argparse.ArgumentParser:
     _store_arg(demo, "sqlite:///./retrysafe-demo.db")
     demo.add_argument("--db", default=None, help="where orders live (default: the store's db)")
     demo.add_argument("--ttl", type=float, default=24 * 3600.0, help="retention, seconds")
-    demo.add_argument("--lease", type=float, default=30.0, help="lease, seconds")
+    demo.add_argument(
+        "--lease",
+        type=float,
+        default=None,
+        help=f"lease, seconds (default: {_DEFAULT_LEASE:g}, or --ttl when that is shorter)",
+    )
     demo.add_argument("--log-level", default="info")
     from .demo.serve import SERVERS
 
@@ -158,8 +369,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.set_defaults(func=_demo)
 
+    _proxy_parser(sub)
+
     purge = sub.add_parser("purge", help="delete expired records")
     _store_arg(purge)
+    purge.add_argument("--dry-run", action="store_true", help="only count what would be deleted")
     purge.set_defaults(func=_purge)
 
     check = sub.add_parser("check", help="check that a store is reachable and works")
@@ -191,6 +405,14 @@ def build_parser() -> argparse.ArgumentParser:
     schema.add_argument("action", choices=["apply"])
     _store_arg(schema)
     schema.set_defaults(func=_schema)
+    _stats_parser(sub)
+    from .client._cli import add_request_arguments, run_request
+
+    request = sub.add_parser(
+        "request", help="send one request with the retrying client (one key, safe retries)"
+    )
+    add_request_arguments(request)
+    request.set_defaults(func=run_request)
     return parser
 
 
@@ -199,10 +421,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         code: int = args.func(args)
-    except IdempotencyError as exc:
-        print(f"retrysafe: {exc}", file=sys.stderr)
+    except (_StoreFailed, IdempotencyError) as exc:
+        _fail(str(exc))
         return 2
     return code
+
+
+def _fail(message: str) -> None:
+    """Print one line to stderr: driver messages can span lines (libpq adds a hint line)."""
+    print("retrysafe: " + " ".join(message.split()), file=sys.stderr)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -69,7 +69,8 @@ def request_from_environ(environ: Mapping[str, Any]) -> Request:
         headers.append((b"content-length", length.encode("latin-1")))
     return Request(
         environ.get("REQUEST_METHOD", "GET"),
-        environ.get("PATH_INFO", "") or "/",
+        # PEP 3333 carries the path as latin-1 text of its bytes; ASGI as UTF-8: decode the same.
+        (environ.get("PATH_INFO", "") or "/").encode("latin-1").decode("utf-8", "replace"),
         environ.get("QUERY_STRING", "").encode("latin-1"),
         keys,
         content_length(length),
@@ -276,7 +277,8 @@ class _Execution:
             return
         self.started = True
         if answer is None:
-            self.start_response(self.status_line, self.headers)
+            added = _native_headers(self.exchange.flow.added_headers)  # e.g. the retention header
+            self.start_response(self.status_line, self.headers + added)
         else:
             self.start_response(_status_line(answer.status), _native_headers(answer.headers))
 

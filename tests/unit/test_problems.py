@@ -21,6 +21,7 @@ def test_every_problem_renders_rfc9457_fields(slug: str) -> None:
     data = json.loads(body)
     assert data == {
         "type": "urn:x:" + slug,
+        "code": PROBLEMS[slug].code,
         "title": PROBLEMS[slug].title,
         "status": status,
         "detail": "what happened",

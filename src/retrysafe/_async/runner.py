@@ -11,6 +11,7 @@ The sync twin, ``_sync/runner.py``, is generated from this file by ``scripts/una
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable, Generator
 from typing import Any, TypeVar
 
@@ -22,6 +23,7 @@ from .._flow import (
     EMIT,
     FINALIZE,
     MARK_COMMITTED,
+    NOW,
     RELEASE,
     RENEW,
     RESERVE,
@@ -32,6 +34,7 @@ from .._flow import (
     TX_STATE,
     Action,
     Answer,
+    Estimates,
     Flow,
     notify,
 )
@@ -51,11 +54,12 @@ class AsyncRunner:
         store: the store.
     """
 
-    __slots__ = ("keeper", "store")
+    __slots__ = ("estimates", "keeper", "store")
 
     def __init__(self, store: AsyncStore) -> None:
         self.store = store
         self.keeper = AsyncLeaseKeeper()
+        self.estimates = Estimates()
 
 
 class AsyncExchange:
@@ -68,10 +72,12 @@ class AsyncExchange:
         flow: the request's flow.
     """
 
-    __slots__ = ("finalizers", "flow", "keeper", "store", "tx")
+    __slots__ = ("finalizers", "flow", "keeper", "started", "store", "tx")
 
     def __init__(self, runner: AsyncRunner, flow: Flow) -> None:
         self.flow = flow
+        flow.estimates = runner.estimates  # the middleware's, shared by its requests
+        self.started = 0.0
         self.store = runner.store
         self.keeper = runner.keeper
         self.tx: AsyncTransaction | None = None
@@ -86,6 +92,7 @@ class AsyncExchange:
     def start(self) -> None:
         """The handler starts: renew its lease until it settles."""
         self.keeper.add(self, self.flow.config.lease / 3)
+        self.started = self.keeper.clock()
 
     async def settle(
         self,
@@ -97,6 +104,7 @@ class AsyncExchange:
         """See :meth:`Flow.settle`."""
         self.keeper.discard(self)
         flow = self.flow
+        flow.observe(self.keeper.clock() - self.started)
         if not flow.in_tx:
             await self._drive(flow.settle_plain(status, headers, body, omitted))
             return None
@@ -114,8 +122,9 @@ class AsyncExchange:
 
     async def end(self) -> None:
         """The request is over (whatever happened): close what is still open."""
-        if self.flow.in_tx:
-            await self._drive(self.flow.close())
+        steps = self.flow.finish()
+        if steps is not None:
+            await self._drive(steps)
 
     # -- the handler's context ---------------------------------------------------------------
 
@@ -183,7 +192,10 @@ class AsyncExchange:
         if op is RELEASE:
             return await self.store.release(flow.record_id, token)
         if op is EMIT:
-            notify(flow.config, arg, flow.request, flow.record_id)
+            if isinstance(arg, tuple):
+                notify(flow.config, arg[0], flow.request, flow.record_id, arg[1])
+            else:
+                notify(flow.config, arg, flow.request, flow.record_id)
             return None
         if op is RENEW:
             return await self.store.renew(flow.record_id, token, lease=flow.config.lease)
@@ -217,6 +229,8 @@ class AsyncExchange:
             return None
         if op is CLOCK:
             return self.keeper.clock()
+        if op is NOW:
+            return time.time()
         if op is DEFER:
             self.keeper.add(self, flow.config.lease / 3)  # the key stays ours while we retry
             self.keeper.spawn(self._complete_later, arg)

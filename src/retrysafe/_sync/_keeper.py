@@ -34,19 +34,24 @@ class LeaseKeeper:
         self._cond = threading.Condition(threading.Lock())
         self._active: dict[_Renewable, tuple[float, float]] = {}
         self._thread: threading.Thread | None = None
+        self._wakes_at = 0.0  # when the sweeper wakes next (it sleeps at most 1 s)
 
     def add(self, item: _Renewable, interval: float) -> None:
         """Renew ``item`` every ``interval`` seconds until discarded or its renewal fails."""
         if self._pid != os.getpid():
             self._reset()  # forked: the parent's thread and lock are not ours
+        due = time.monotonic() + interval
         with self._cond:
-            self._active[item] = (time.monotonic() + interval, interval)
+            self._active[item] = (due, interval)
             if self._thread is None:
                 self._thread = threading.Thread(
                     target=self._sweep, name="retrysafe-leases", daemon=True
                 )
                 self._thread.start()
-            self._cond.notify()
+            if due < self._wakes_at:
+                # Due before the sweeper's next wake (a lease under 3 s): wake it now. With the
+                # usual leases it wakes in time anyway, and a notify per request is not free.
+                self._cond.notify()
 
     def discard(self, item: _Renewable) -> None:
         """Stop renewing ``item``."""
@@ -76,7 +81,9 @@ class LeaseKeeper:
                     self._active[item] = (now + self._active[item][1], self._active[item][1])
                 if not due:
                     wait = min((at for at, _ in self._active.values()), default=now + 60) - now
-                    self._cond.wait(timeout=min(1.0, max(0.005, wait)))
+                    wait = min(1.0, max(0.005, wait))
+                    self._wakes_at = now + wait
+                    self._cond.wait(timeout=wait)
                     continue
             for item in due:
                 try:

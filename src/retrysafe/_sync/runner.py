@@ -12,6 +12,7 @@ This file is generated from ``_async/runner.py`` by ``scripts/unasync.py``
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Generator
 from typing import Any, TypeVar
 
@@ -23,6 +24,7 @@ from .._flow import (
     EMIT,
     FINALIZE,
     MARK_COMMITTED,
+    NOW,
     RELEASE,
     RENEW,
     RESERVE,
@@ -33,6 +35,7 @@ from .._flow import (
     TX_STATE,
     Action,
     Answer,
+    Estimates,
     Flow,
     notify,
 )
@@ -52,11 +55,12 @@ class Runner:
         store: the store.
     """
 
-    __slots__ = ("keeper", "store")
+    __slots__ = ("estimates", "keeper", "store")
 
     def __init__(self, store: Store) -> None:
         self.store = store
         self.keeper = LeaseKeeper()
+        self.estimates = Estimates()
 
 
 class Exchange:
@@ -69,10 +73,12 @@ class Exchange:
         flow: the request's flow.
     """
 
-    __slots__ = ("finalizers", "flow", "keeper", "store", "tx")
+    __slots__ = ("finalizers", "flow", "keeper", "started", "store", "tx")
 
     def __init__(self, runner: Runner, flow: Flow) -> None:
         self.flow = flow
+        flow.estimates = runner.estimates  # the middleware's, shared by its requests
+        self.started = 0.0
         self.store = runner.store
         self.keeper = runner.keeper
         self.tx: Transaction | None = None
@@ -87,6 +93,7 @@ class Exchange:
     def start(self) -> None:
         """The handler starts: renew its lease until it settles."""
         self.keeper.add(self, self.flow.config.lease / 3)
+        self.started = self.keeper.clock()
 
     def settle(
         self,
@@ -98,6 +105,7 @@ class Exchange:
         """See :meth:`Flow.settle`."""
         self.keeper.discard(self)
         flow = self.flow
+        flow.observe(self.keeper.clock() - self.started)
         if not flow.in_tx:
             self._drive(flow.settle_plain(status, headers, body, omitted))
             return None
@@ -115,8 +123,9 @@ class Exchange:
 
     def end(self) -> None:
         """The request is over (whatever happened): close what is still open."""
-        if self.flow.in_tx:
-            self._drive(self.flow.close())
+        steps = self.flow.finish()
+        if steps is not None:
+            self._drive(steps)
 
     # -- the handler's context ---------------------------------------------------------------
 
@@ -184,7 +193,10 @@ class Exchange:
         if op is RELEASE:
             return self.store.release(flow.record_id, token)
         if op is EMIT:
-            notify(flow.config, arg, flow.request, flow.record_id)
+            if isinstance(arg, tuple):
+                notify(flow.config, arg[0], flow.request, flow.record_id, arg[1])
+            else:
+                notify(flow.config, arg, flow.request, flow.record_id)
             return None
         if op is RENEW:
             return self.store.renew(flow.record_id, token, lease=flow.config.lease)
@@ -218,6 +230,8 @@ class Exchange:
             return None
         if op is CLOCK:
             return self.keeper.clock()
+        if op is NOW:
+            return time.time()
         if op is DEFER:
             self.keeper.add(self, flow.config.lease / 3)  # the key stays ours while we retry
             self.keeper.spawn(self._complete_later, arg)

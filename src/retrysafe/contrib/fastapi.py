@@ -13,7 +13,10 @@
     async def pay(payment: Payment) -> dict: ...
 
 ``@idempotent`` marks the endpoint (the middleware reads the mark); ``install`` adds the pure ASGI
-middleware and documents the ``Idempotency-Key`` header on every protected operation.
+middleware and documents, on every protected operation, the ``Idempotency-Key`` header, the
+``400``/``409``/``413``/``422``/``503`` answers with their ``application/problem+json`` schema
+(``Retry-After`` on ``409`` and ``503``) and the ``Idempotency-Replayed`` header of its success
+responses. An operation with ``@idempotent(enabled=False)`` documents none of it.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from typing import Annotated, Any
 
 from .._config import IdempotencyConfig
 from .._errors import ConfigurationError
+from .._problems import PROBLEMS
 from .._routes import ROUTE_OPTIONS_ATTR, idempotent
 from .._transaction import transaction
 from ..asgi import IdempotencyMiddleware
@@ -87,6 +91,65 @@ def install(
     app.openapi = openapi  # type: ignore[method-assign]
 
 
+_PROBLEM_SCHEMA = "IdempotencyProblem"
+_PROBLEM_REF = {"$ref": f"#/components/schemas/{_PROBLEM_SCHEMA}"}
+_RETRY_AFTER = {
+    "description": "Seconds to wait before retrying with the same Idempotency-Key.",
+    "schema": {"type": "integer", "minimum": 0},
+}
+_REPLAYED = {
+    "description": "`true` when this is the stored response of an earlier request with the "
+    "same Idempotency-Key (the operation did not run again).",
+    "schema": {"type": "string", "enum": ["true"]},
+}
+#: status -> (description, whether Retry-After is sent)
+_ANSWERS: dict[int, tuple[str, bool]] = {
+    400: ("Idempotency-Key missing (where required) or malformed.", False),
+    409: (
+        "A request with this Idempotency-Key is still being processed, or its outcome is unknown.",
+        True,
+    ),
+    413: ("Request body too large to be protected.", False),
+    422: ("Idempotency-Key already used with a different request.", False),
+    503: ("Idempotency store unavailable; retry with the same key.", True),
+}
+
+
+def _problem_schema() -> dict[str, Any]:
+    return {
+        "type": "object",
+        "description": "RFC 9457 problem details of an idempotency error.",
+        "required": ["type", "code", "title", "status"],
+        "properties": {
+            "type": {"type": "string", "format": "uri-reference"},
+            "code": {"type": "string", "enum": sorted(p.code for p in PROBLEMS.values())},
+            "title": {"type": "string"},
+            "status": {"type": "integer", "enum": sorted({p.status for p in PROBLEMS.values()})},
+            "detail": {"type": "string"},
+        },
+    }
+
+
+def _document_answers(schema: dict[str, Any], operation: dict[str, Any]) -> None:
+    schemas = schema.setdefault("components", {}).setdefault("schemas", {})
+    schemas.setdefault(_PROBLEM_SCHEMA, _problem_schema())
+    responses = operation.setdefault("responses", {})
+    for code, response in responses.items():
+        if str(code).startswith("2"):
+            response.setdefault("headers", {}).setdefault("Idempotency-Replayed", _REPLAYED)
+    for status, (description, retry_after) in _ANSWERS.items():
+        response = responses.get(str(status))
+        if response is None:
+            response = responses[str(status)] = {"description": description}
+        elif description not in response.get("description", ""):
+            # E.g. FastAPI's own 422 (validation error): both answers are possible.
+            response["description"] = f"{response.get('description', '')} Or: {description}"
+        content = response.setdefault("content", {})
+        content.setdefault("application/problem+json", {"schema": _PROBLEM_REF})
+        if retry_after:
+            response.setdefault("headers", {}).setdefault("Retry-After", _RETRY_AFTER)
+
+
 def _document(schema: dict[str, Any], route: APIRoute, settings: IdempotencyConfig) -> None:
     route_options = getattr(route.endpoint, ROUTE_OPTIONS_ATTR, None)
     if route_options is not None and not route_options.enabled:
@@ -101,6 +164,7 @@ def _document(schema: dict[str, Any], route: APIRoute, settings: IdempotencyConf
         operation = path_item.get(method.lower())
         if operation is None:
             continue
+        _document_answers(schema, operation)
         parameters = operation.setdefault("parameters", [])
         if any(p.get("name") == "Idempotency-Key" for p in parameters):
             continue

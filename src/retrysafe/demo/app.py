@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 from importlib import resources
@@ -12,14 +13,14 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+from starlette.routing import BaseRoute, Route
 
 from .._config import IdempotencyConfig
 from .._routes import idempotent
 from .._transaction import mark_committed, transaction
 from ..asgi import IdempotencyMiddleware
 from ..stores import resolve_async_store
-from .db import OrderDB, open_db
+from .db import DatabaseUnavailable, OrderDB, open_db
 
 __all__ = ["DEFAULT_STORE", "create_app", "default_db_url"]
 
@@ -48,10 +49,32 @@ def same_database(store_url: str, db_url: str) -> bool:
     return store_base.startswith("postgresql://") and store_base == db_base
 
 
-def _problem(status: int, title: str, detail: str) -> Response:
-    body = {"type": "urn:orderhub:problem:invalid-request", "title": title, "status": status}
+@functools.cache
+def _metrics() -> Any:
+    """The process's Prometheus metrics, or ``None`` without prometheus_client.
+
+    Once per process: the metrics register on prometheus_client's global registry, and tests
+    build several apps in one process.
+    """
+    try:
+        from ..contrib.prometheus import PrometheusMetrics
+    except ImportError:
+        return None
+    return PrometheusMetrics()
+
+
+def _problem(
+    status: int,
+    title: str,
+    detail: str,
+    slug: str = "invalid-request",
+    headers: dict[str, str] | None = None,
+) -> Response:
+    body = {"type": f"urn:orderhub:problem:{slug}", "title": title, "status": status}
     body["detail"] = detail
-    return Response(json.dumps(body), status, media_type="application/problem+json")
+    return Response(
+        json.dumps(body), status, headers=headers, media_type="application/problem+json"
+    )
 
 
 def _owner(request: Request) -> str:
@@ -133,6 +156,7 @@ def create_app(
     ttl: float = 24 * 3600.0,
     lease: float = 30.0,
     transactional: bool | None = None,
+    fastapi: bool = False,
 ) -> Starlette:
     """Build OrderHub.
 
@@ -141,6 +165,8 @@ def create_app(
         db: where orders and payments live (default: the store's database when it is SQLite).
         ttl: retention of completed records, seconds.
         lease: lease of in-progress records, seconds.
+        fastapi: build it as a FastAPI app (the same routes and middleware; needs
+            ``retrysafe[fastapi]``) rather than a Starlette one.
         transactional: commit orders together with the stored responses; by default on when
             the orders live in the store's own SQL database.
 
@@ -176,7 +202,31 @@ def create_app(
     async def failed(request: Request, exc: Exception) -> Response:
         return _problem(500, "Handler failed", str(exc))
 
-    routes = [
+    on_event = None
+    metrics = _metrics()
+    if metrics is not None:
+        # Count every outcome and time every store call; GET /metrics serves them.
+        wired = metrics.wire(idempotency_store)
+        idempotency_store, on_event = wired["store"], wired["on_event"]
+
+    async def metrics_endpoint(request: Request) -> Response:
+        from ..contrib.prometheus import metrics_response
+
+        body, content_type = metrics_response()
+        return Response(body, media_type=content_type)
+
+    async def unavailable(request: Request, exc: Exception) -> Response:
+        # The database stayed busy (SQLite's single writer held by a long transaction) or
+        # unreachable for longer than a write waits: nothing was written, retrying is safe.
+        return _problem(
+            503,
+            "Database busy",
+            f"The order database could not take the write; retry later. ({exc})",
+            slug="database-unavailable",
+            headers={"Retry-After": "1"},
+        )
+
+    routes: list[BaseRoute] = [
         Route("/", index),
         Route("/orders", create_order, methods=["POST"]),
         Route("/orders", _listing("orders", database), methods=["GET"]),
@@ -186,7 +236,15 @@ def create_app(
         Route("/payments/{record_id:int}", _detail("payments", database)),
         Route("/reset", reset, methods=["POST"]),
     ]
-    config = IdempotencyConfig(ttl=ttl, lease=lease, transactional=transactional)
+    if metrics is not None:
+        routes.append(Route("/metrics", metrics_endpoint, methods=["GET"]))
+    config = IdempotencyConfig(ttl=ttl, lease=lease, transactional=transactional, on_event=on_event)
     # mypy cannot match a constructor with **options against Starlette's ParamSpec factory.
     middleware = [Middleware(IdempotencyMiddleware, store=idempotency_store, config=config)]  # type: ignore[arg-type]
-    return Starlette(routes=routes, middleware=middleware, exception_handlers={DemoFailure: failed})
+    handlers: dict[Any, Any] = {DemoFailure: failed, DatabaseUnavailable: unavailable}
+    if fastapi:
+        from fastapi import FastAPI
+
+        # FastAPI serves Starlette routes as they are; its own /docs and /openapi.json come on top.
+        return FastAPI(routes=routes, middleware=middleware, exception_handlers=handlers)
+    return Starlette(routes=routes, middleware=middleware, exception_handlers=handlers)

@@ -9,15 +9,30 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import threading
-from typing import Any, Protocol
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol, TypeVar
 from urllib.parse import parse_qs
 
-from .._errors import ConfigurationError
-from ..stores.sqlite import parse_sqlite_url
+from .._errors import ConfigurationError, StoreUnavailableError
+from ..stores.sqlite import (
+    DEFAULT_BUSY_TIMEOUT,
+    SQLiteBusyError,
+    busy_timeout_option,
+    parse_sqlite_url,
+    retry_while_busy,
+)
 
-__all__ = ["OrderDB", "PostgresOrderDB", "SQLiteOrderDB", "open_db"]
+__all__ = ["DatabaseUnavailable", "OrderDB", "PostgresOrderDB", "SQLiteOrderDB", "open_db"]
 
-_BUSY_SECONDS = 5.0
+
+class DatabaseUnavailable(StoreUnavailableError):
+    """OrderHub's own database stayed busy (SQLite's single writer) or could not be reached;
+    nothing was written. The app answers ``503`` + ``Retry-After``."""
+
+
+T = TypeVar("T")
+
+_POOL_SIZE = 4
 
 _COLUMNS = {
     "orders": ("id", "owner", "item", "quantity", "created_at"),
@@ -101,13 +116,24 @@ class OrderDB(Protocol):
 class SQLiteOrderDB:
     """Orders in a SQLite file; statements run inline (each is ~20 us).
 
+    A write that meets another writer's lock (a transactional request between its first write
+    and its commit) waits for it the way the store does, with an awaited back-off, up to
+    ``busy_timeout`` (URL option, default :data:`~retrysafe.stores.sqlite.DEFAULT_BUSY_TIMEOUT`);
+    after that it raises :class:`~retrysafe.stores.sqlite.SQLiteBusyError`, which the app
+    answers with ``503`` + ``Retry-After``.
+
     Args:
         url: ``sqlite:///path.db``, shared by every OrderHub process pointed at it.
+
+    Raises:
+        ConfigurationError: a bad URL option.
     """
 
     def __init__(self, url: str) -> None:
         self.url = url
-        self.path, _ = parse_sqlite_url(url)
+        self.path, options = parse_sqlite_url(url)
+        busy = busy_timeout_option(options)
+        self.busy_timeout = DEFAULT_BUSY_TIMEOUT if busy is None else busy
         self._local = threading.local()
         self._conn()  # create the tables at start-up, not inside a request's transaction
 
@@ -127,16 +153,15 @@ class SQLiteOrderDB:
         return conn
 
     async def _write(self, sql: str, params: tuple[Any, ...] = ()) -> Any:
-        delay, waited = 0.001, 0.0
-        while True:
-            try:
-                return self._conn().execute(sql, params).fetchone()
-            except sqlite3.OperationalError as exc:
-                if "locked" not in str(exc) or waited > _BUSY_SECONDS:
-                    raise
-            await asyncio.sleep(delay)
-            waited += delay
-            delay = min(delay * 2, 0.02)
+        conn = self._conn()
+        try:
+            return await retry_while_busy(
+                lambda: conn.execute(sql, params).fetchone(),
+                busy_timeout=self.busy_timeout,
+                what="write",
+            )
+        except SQLiteBusyError as exc:
+            raise DatabaseUnavailable(str(exc), store="sqlite") from exc
 
     async def add(self, kind: str, owner: str, conn: Any = None, **values: Any) -> dict[str, Any]:
         """Insert an order or payment (in ``conn``'s transaction when given) and return it."""
@@ -210,7 +235,7 @@ class PostgresOrderDB:
 
             settings = {"search_path": self._schema} if self._schema else {}
             pool = await asyncpg.create_pool(
-                self._dsn, min_size=1, max_size=4, server_settings=settings
+                self._dsn, min_size=1, max_size=_POOL_SIZE, server_settings=settings
             )
             async with pool.acquire() as conn:
                 if self._schema:
@@ -222,45 +247,86 @@ class PostgresOrderDB:
             self._pool = pool
         return self._pool
 
+    async def _run(self, work: Callable[[Any], Awaitable[T]]) -> T:
+        """Run ``work`` on a pooled connection, with the store's pool hygiene: a connection
+        that failed is discarded, one the server closed while idle is skipped (nothing was
+        sent), and a lost server is :class:`DatabaseUnavailable` (a 503)."""
+        from ..stores.postgres import _asyncpg_error, _discard, _give_back, _never_sent
+
+        pool = await self._get_pool()
+        for _ in range(_POOL_SIZE + 1):
+            try:
+                conn = await asyncio.wait_for(pool.acquire(), 10.0)
+            except Exception as exc:
+                error = _asyncpg_error(exc, established=False, what="connect")
+                raise DatabaseUnavailable(str(error), store="postgres") from exc
+            try:
+                return await work(conn)
+            except Exception as exc:
+                closed = conn.is_closed()
+                _discard(conn)
+                if _never_sent(exc):
+                    continue
+                error = _asyncpg_error(exc, established=True, what="statement", closed=closed)
+                if isinstance(error, StoreUnavailableError):
+                    raise DatabaseUnavailable(str(error), store="postgres") from exc
+                raise
+            finally:
+                await _give_back(pool, conn)
+        raise DatabaseUnavailable("no live connection to the order database", store="postgres")
+
     async def add(self, kind: str, owner: str, conn: Any = None, **values: Any) -> dict[str, Any]:
         """Insert an order or payment (in ``conn``'s transaction when given) and return it."""
         names = ("owner", *values)
         marks = [f"${i + 1}" for i in range(len(names))]
         sql = _insert_sql(self._table(kind), kind, names, marks)
         if conn is None:
-            pool = await self._get_pool()
-            async with pool.acquire() as own:
-                row = await own.fetchrow(sql, owner, *values.values())
+            row = await self._run(lambda own: own.fetchrow(sql, owner, *values.values()))
         else:
             await self._get_pool()  # the tables exist
-            row = await conn.fetchrow(sql, owner, *values.values())
+            try:
+                row = await conn.fetchrow(sql, owner, *values.values())
+            except Exception as exc:
+                from ..stores.postgres import _asyncpg_error
+
+                # The transaction's connection died under the handler: a store failure that
+                # the middleware answers (503, the key released), told in plain words.
+                error = _asyncpg_error(
+                    exc, established=False, what="insert", closed=conn.is_closed()
+                )
+                if isinstance(error, StoreUnavailableError):
+                    raise error from exc
+                raise
         return dict(row)
 
     async def list(self, kind: str, limit: int | None = None) -> tuple[int, list[dict[str, Any]]]:
         """Return (total count, records newest first, at most ``limit``)."""
-        pool = await self._get_pool()
-        async with pool.acquire() as conn:
+        sql = _select_sql(self._table(kind), kind) + " ORDER BY id DESC"
+
+        async def work(conn: Any) -> tuple[Any, Any]:
             count = await conn.fetchval(f"SELECT count(*) FROM {self._table(kind)}")
-            sql = _select_sql(self._table(kind), kind) + " ORDER BY id DESC"
             rows = await (
                 conn.fetch(sql + " LIMIT $1", limit) if limit is not None else conn.fetch(sql)
             )
+            return count, rows
+
+        count, rows = await self._run(work)
         return int(count), [dict(r) for r in rows]
 
     async def get(self, kind: str, record_id: int) -> dict[str, Any] | None:
         """Return one record or ``None``."""
-        pool = await self._get_pool()
-        async with pool.acquire() as conn:
-            sql = _select_sql(self._table(kind), kind) + " WHERE id = $1"
-            row = await conn.fetchrow(sql, record_id)
+        sql = _select_sql(self._table(kind), kind) + " WHERE id = $1"
+        row = await self._run(lambda conn: conn.fetchrow(sql, record_id))
         return None if row is None else dict(row)
 
     async def reset(self) -> None:
         """Delete every order and payment."""
-        pool = await self._get_pool()
-        async with pool.acquire() as conn:
+
+        async def work(conn: Any) -> None:
             for kind in _COLUMNS:
                 await conn.execute(f"DELETE FROM {self._table(kind)}")
+
+        await self._run(work)
 
     async def aclose(self) -> None:
         """Close the pool."""

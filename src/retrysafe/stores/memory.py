@@ -154,3 +154,15 @@ class AsyncMemoryStore(InlineAsyncStore):
     def from_url(cls, url: str) -> AsyncMemoryStore:
         """Build from ``memory://``."""
         return cls()
+
+    # The two operations of every keyed request, without the wrapper coroutine of _call (the
+    # memory store never waits).
+    async def reserve(
+        self, record_id: str, fingerprint: str, *, lease: float, ttl: float
+    ) -> Reservation:
+        """See :meth:`retrysafe.stores.AsyncStore.reserve`."""
+        return self.sync.reserve(record_id, fingerprint, lease=lease, ttl=ttl)
+
+    async def complete(self, record_id: str, token: str, response: bytes, *, ttl: float) -> bool:
+        """See :meth:`retrysafe.stores.AsyncStore.complete`."""
+        return self.sync.complete(record_id, token, response, ttl=ttl)

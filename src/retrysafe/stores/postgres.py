@@ -39,6 +39,13 @@ Choices, and why:
   never reused; the next operation opens a fresh one, so the store recovers by itself when the
   server is back. An operation whose connection broke mid-statement is repeated once on a fresh
   connection when that is safe (see the operations' docstrings).
+- **Pool hygiene (asyncpg).** A connection on which a statement failed, or whose statement was
+  cancelled, is terminated before it goes back, so the pool replaces it and never hands out a
+  connection that is mid-operation or dead. And a connection whose backend was terminated while
+  it sat idle can be handed out before asyncpg has read the socket's end: its protocol then
+  refuses the statement before sending anything ("cannot switch to state ...; another operation
+  is in progress"). Nothing reached the server, so the statement goes to another connection
+  (:func:`_never_sent`), silently, instead of failing the request.
 
 URL options (``postgresql://user@host/db?table=idem.records&max_size=20``): see
 :class:`~retrysafe.stores._postgres_sql.PostgresOptions`.
@@ -155,6 +162,11 @@ def _asyncpg_error(
     message = f"PostgreSQL {what} failed: {type(exc).__name__}: {exc}"
     sqlstate = getattr(exc, "sqlstate", None)
     lost: type[StoreError] = ConnectionLostError if established else StoreUnavailableError
+    if _never_sent(exc):
+        # asyncpg's text ("another operation is in progress") would send a reader after a
+        # concurrency bug; what happened is a connection the server had closed.
+        message = f"PostgreSQL {what} failed: the connection was closed by the server"
+        return lost(message, store=STORE_NAME)
     if closed:
         return lost(message, store=STORE_NAME)
     if isinstance(exc, asyncpg.PostgresError):
@@ -168,6 +180,44 @@ def _asyncpg_error(
     ):
         return lost(message, store=STORE_NAME)
     return StoreError(message, store=STORE_NAME)
+
+
+def _never_sent(exc: BaseException) -> bool:
+    """Whether asyncpg refused to start a statement on a connection without sending anything.
+
+    These errors come from the client's protocol state checks, before a byte is written: a
+    connection already closed, or one whose protocol is not idle (an idle connection that read
+    its backend's termination notice but not yet the end of the socket). Any statement may
+    then run on another connection, since the server never saw it.
+    """
+    import asyncpg
+
+    text = str(exc)
+    if isinstance(exc, asyncpg.InternalClientError):
+        return text.startswith("cannot switch to state")
+    if isinstance(exc, asyncpg.InterfaceError) and not isinstance(
+        exc, asyncpg.PostgresConnectionError
+    ):
+        return text.startswith("cannot perform operation") or text == "connection is closed"
+    return False
+
+
+def _discard(conn: Any) -> None:
+    """Terminate a pooled connection that failed or was cancelled mid-statement; the pool takes
+    its holder back and opens a fresh connection on a later acquire."""
+    try:
+        conn.terminate()
+    except Exception as exc:  # already detached from the pool (it closed it)
+        logger.debug("discarding a PostgreSQL connection: %s", exc)
+
+
+async def _give_back(pool: Any, conn: Any) -> None:
+    try:
+        await pool.release(conn)
+    except Exception as exc:
+        # The pool has already terminated this connection; the next acquire opens a fresh
+        # one. The statement's own outcome is what the caller needs.
+        logger.debug("dropping a broken PostgreSQL connection: %s", exc)
 
 
 class AsyncPostgresStore:
@@ -255,30 +305,39 @@ class AsyncPostgresStore:
     async def _fetch(self, query: Query) -> Rows:
         pool = self._pool or await self._open()
         what = query.statement.name
-        try:
-            # asyncio.timeout, not acquire(timeout=...): on Python 3.11 the latter wraps the
-            # acquire in asyncio.wait_for, a new task per call (about 40 us of CPU measured).
-            async with asyncio.timeout(self.options.pool_timeout):
-                conn = await pool.acquire()
-        except Exception as exc:
-            raise _asyncpg_error(exc, established=False, what=what) from exc
-        try:
-            rows: Rows = await conn.fetch(query.statement.sql, *query.args)
-            return rows
-        except Exception as exc:
+        # Every idle connection may have been terminated at once (a server restart, an
+        # operator's pg_terminate_backend): one more try than the pool holds reaches a new one.
+        for _ in range(self.options.max_size + 1):
             try:
-                closed = conn.is_closed()
-            except Exception:
-                # The pool already took the connection back: it does so when it closes.
-                closed = True
-            raise _asyncpg_error(exc, established=True, what=what, closed=closed) from exc
-        finally:
-            try:
-                await pool.release(conn)
+                # asyncio.timeout, not acquire(timeout=...): on Python 3.11 the latter wraps the
+                # acquire in asyncio.wait_for, a new task per call (about 40 us of CPU measured).
+                async with asyncio.timeout(self.options.pool_timeout):
+                    conn = await pool.acquire()
             except Exception as exc:
-                # The pool has already terminated this connection; the next acquire opens a
-                # fresh one. The statement's own outcome is what the caller needs.
-                logger.debug("dropping a broken PostgreSQL connection: %s", exc)
+                raise _asyncpg_error(exc, established=False, what=what) from exc
+            try:
+                rows: Rows = await conn.fetch(query.statement.sql, *query.args)
+            except BaseException as exc:
+                try:
+                    closed = conn.is_closed()
+                except Exception:
+                    # The pool already took the connection back: it does so when it closes.
+                    closed = True
+                # Failed or cancelled mid-statement: its protocol state is unknown, so it
+                # never goes back to the pool as it is.
+                _discard(conn)
+                await _give_back(pool, conn)
+                if not isinstance(exc, Exception):
+                    raise
+                if _never_sent(exc):
+                    logger.debug("PostgreSQL %s: skipping a dead pooled connection: %s", what, exc)
+                    continue
+                raise _asyncpg_error(exc, established=True, what=what, closed=closed) from exc
+            await _give_back(pool, conn)
+            return rows
+        raise StoreUnavailableError(
+            f"PostgreSQL {what} failed: no live connection in the pool", store=STORE_NAME
+        )
 
     async def reserve(
         self, record_id: str, fingerprint: str, *, lease: float, ttl: float
@@ -351,6 +410,7 @@ class AsyncPostgresTransaction:
         self._pool: Any = None
         self._conn: Any = None
         self._tx: Any = None
+        self._failed = False  # a statement of ours failed on the connection: discard it
         self._lock = asyncio.Lock()  # two concurrent first calls must share one transaction
 
     @property
@@ -378,18 +438,28 @@ class AsyncPostgresTransaction:
     async def _begin(self) -> None:
         store = self._store
         pool = store._pool or await store._open()
-        try:
-            async with asyncio.timeout(store.options.pool_timeout):
-                conn = await pool.acquire()
-        except Exception as exc:
-            raise _asyncpg_error(exc, established=False, what="begin") from exc
-        try:
-            tx = conn.transaction()
-            await tx.start()
-        except Exception as exc:
-            await self._give_back(pool, conn)
-            raise _asyncpg_error(exc, established=False, what="begin") from exc
-        self._pool, self._conn, self._tx = pool, conn, tx
+        for _ in range(store.options.max_size + 1):  # as AsyncPostgresStore._fetch
+            try:
+                async with asyncio.timeout(store.options.pool_timeout):
+                    conn = await pool.acquire()
+            except Exception as exc:
+                raise _asyncpg_error(exc, established=False, what="begin") from exc
+            try:
+                tx = conn.transaction()
+                await tx.start()
+            except BaseException as exc:
+                _discard(conn)
+                await _give_back(pool, conn)
+                if isinstance(exc, Exception) and _never_sent(exc):
+                    continue
+                if not isinstance(exc, Exception):
+                    raise
+                raise _asyncpg_error(exc, established=False, what="begin") from exc
+            self._pool, self._conn, self._tx = pool, conn, tx
+            return
+        raise StoreUnavailableError(
+            "PostgreSQL begin failed: no live connection in the pool", store=STORE_NAME
+        )
 
     async def complete(self, record_id: str, token: str, response: bytes, *, ttl: float) -> bool:
         """Write the completion in the transaction and commit; ``False`` (rolled back) when
@@ -399,7 +469,10 @@ class AsyncPostgresTransaction:
         async def fetch(query: Query) -> Rows:
             try:
                 rows: Rows = await conn.fetch(query.statement.sql, *query.args)
-            except Exception as exc:
+            except BaseException as exc:
+                self._failed = True
+                if not isinstance(exc, Exception):
+                    raise
                 raise _asyncpg_error(exc, established=False, what="complete") from exc
             return rows
 
@@ -410,7 +483,10 @@ class AsyncPostgresTransaction:
         tx, self._tx = self._tx, None
         try:
             await tx.commit()
-        except Exception as exc:
+        except BaseException as exc:
+            self._failed = True
+            if not isinstance(exc, Exception):
+                raise
             raise _asyncpg_error(exc, established=False, what="commit") from exc
         return True
 
@@ -421,11 +497,21 @@ class AsyncPostgresTransaction:
             return
         try:
             await tx.rollback()
-        except Exception as exc:
+        except BaseException as exc:
+            # E.g. the handler's own statement was cancelled and is still in progress.
+            self._failed = True
+            if not isinstance(exc, Exception):
+                raise
+            if _never_sent(exc) or self.broken:
+                # The connection is dead or stuck mid-statement: it is discarded, and the
+                # server rolls back the transaction of a connection that goes away.
+                _discard(self._conn)
+                return
             raise _asyncpg_error(exc, established=False, what="rollback") from exc
 
     async def close(self) -> None:
-        """Roll back anything not committed and give the connection back to the pool."""
+        """Roll back anything not committed and give the connection back to the pool, or
+        discard it when a statement on it failed (it is never reused in an unknown state)."""
         conn, self._conn = self._conn, None
         if conn is None:
             return
@@ -434,14 +520,9 @@ class AsyncPostgresTransaction:
                 await self.rollback()
             except StoreError as exc:
                 logger.debug("rollback on close failed: %s", exc)
-        await self._give_back(self._pool, conn)
-
-    @staticmethod
-    async def _give_back(pool: Any, conn: Any) -> None:
-        try:
-            await pool.release(conn)
-        except Exception as exc:
-            logger.debug("dropping a broken PostgreSQL connection: %s", exc)
+        if self._failed:
+            _discard(conn)
+        await _give_back(self._pool, conn)
 
 
 # -- psycopg ------------------------------------------------------------------------------------

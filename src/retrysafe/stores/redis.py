@@ -149,7 +149,10 @@ class _Commands:
         return _Call(_RENEW, (self.prefix + record_id, token, _ms(lease)), _parse_flag)
 
     def mark_committed(self, record_id: str, token: str, lease: float) -> _Call[bool]:
-        return _Call(_MARK_COMMITTED, (self.prefix + record_id, token, _ms(lease)), _parse_flag)
+        # Only a hash field (no PEXPIRE): a lease of 0 must stay 0, so the outcome is unknown at
+        # once (the flow's "declare unknown"), not 1 ms later.
+        lease_ms = max(0, round(lease * 1000))
+        return _Call(_MARK_COMMITTED, (self.prefix + record_id, token, lease_ms), _parse_flag)
 
     def delete(self, record_id: str) -> _Call[bool]:
         return _Call(_DELETE, (self.prefix + record_id,), _parse_flag)

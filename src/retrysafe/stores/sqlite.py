@@ -6,13 +6,22 @@ Connections are opened lazily, one per thread, in autocommit mode with ``journal
 write lock across threads and processes. The async face calls SQLite inline on the event loop;
 see :mod:`retrysafe.stores._inline` for why. It never blocks the loop on another writer's lock:
 its connections have ``busy_timeout=0`` and a busy statement is retried after an ``await``ed
-back-off until the store's ``busy_timeout`` runs out (a blocking wait would freeze the loop, and
-with it the very request that holds the lock, when that request is in the same process).
+back-off (:func:`retry_while_busy`) until the store's ``busy_timeout`` runs out (a blocking wait
+would freeze the loop, and with it the very request that holds the lock, when that request is in
+the same process).
+
+SQLite has one writer at a time, and in transactional mode a handler holds that lock from its
+first write to its commit. A reservation that meets the lock taken is still answered at once
+when its key already has a record that decides it (in progress, completed, outcome unknown,
+another fingerprint): WAL readers never wait for the writer, so that answer comes from a read.
+Only a key that needs a write (new, expired, or a lapsed lease to take over) queues for the lock,
+by default for as long as the lease it asks for (``busy_timeout`` in the URL overrides it).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import sqlite3
 import threading
 import time
@@ -27,16 +36,23 @@ from ._inline import InlineAsyncStore
 from ._sql import load_queries
 
 __all__ = [
+    "DEFAULT_BUSY_TIMEOUT",
     "AsyncSQLiteStore",
     "AsyncSQLiteTransaction",
     "SQLiteBusyError",
     "SQLiteStore",
     "SQLiteTransaction",
+    "busy_timeout_option",
     "parse_sqlite_url",
+    "retry_while_busy",
 ]
 
 _PURGE_BATCH = 1000
 _IDLE_TRANSACTION_CONNECTIONS = 8
+
+DEFAULT_BUSY_TIMEOUT = 30.0
+"""Seconds a write waits for SQLite's lock when no ``busy_timeout`` is given (and no lease
+bounds it): the middleware's default lease, so a request queues about as long as a lease."""
 
 T = TypeVar("T")
 
@@ -52,6 +68,72 @@ def _store_error(operation: str, exc: sqlite3.Error) -> StoreError:
             return SQLiteBusyError(f"SQLite {operation}: {text}", store="sqlite")
         return StoreUnavailableError(f"SQLite {operation} failed: {text}", store="sqlite")
     return StoreError(f"SQLite {operation} failed: {exc}", store="sqlite")
+
+
+def _is_busy(exc: BaseException) -> bool:
+    if isinstance(exc, SQLiteBusyError):
+        return True
+    text = str(exc)
+    return isinstance(exc, sqlite3.OperationalError) and ("locked" in text or "busy" in text)
+
+
+async def retry_while_busy(operation: Callable[[], T], *, busy_timeout: float, what: str) -> T:
+    """Run ``operation`` (SQLite calls on a ``busy_timeout=0`` connection) and, while it meets
+    another writer's lock, run it again after an awaited back-off: the event loop keeps serving
+    the other requests, among them possibly the one that holds the lock.
+
+    Args:
+        operation: raises :class:`SQLiteBusyError` or ``sqlite3.OperationalError`` ("database
+            is locked") when the lock is taken; any other error propagates at once.
+        busy_timeout: seconds to keep trying (0: one attempt).
+        what: the operation's name, for the error message.
+
+    Returns:
+        What ``operation`` returned.
+
+    Raises:
+        SQLiteBusyError: the lock stayed taken for ``busy_timeout`` seconds.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = 0.0
+    delay = 0.0005
+    while True:
+        try:
+            return operation()
+        except (SQLiteBusyError, sqlite3.OperationalError) as exc:
+            if not _is_busy(exc):
+                raise
+            now = loop.time()
+            if not deadline:
+                deadline = now + busy_timeout
+            if now >= deadline:
+                raise SQLiteBusyError(
+                    f"SQLite {what}: the database's write lock stayed taken for {busy_timeout:g} s "
+                    "(busy_timeout); another transaction holds it",
+                    store="sqlite",
+                ) from exc
+            await asyncio.sleep(min(delay, deadline - now))
+            delay = min(delay * 2, 0.02)
+
+
+def busy_timeout_option(options: dict[str, str]) -> float | None:
+    """The ``busy_timeout`` URL option in seconds (``None`` when absent).
+
+    Raises:
+        ConfigurationError: not a non-negative number.
+    """
+    raw = options.get("busy_timeout")
+    if raw is None:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value >= 0 or value == float("inf"):
+        raise ConfigurationError(
+            f"sqlite URL option busy_timeout={raw!r} must be a number of seconds (>= 0)"
+        )
+    return value
 
 
 def parse_sqlite_url(url: str) -> tuple[str, dict[str, str]]:
@@ -75,7 +157,9 @@ class SQLiteStore:
 
     Args:
         path: the database file (created if missing), or ``":memory:"``.
-        busy_timeout: seconds to wait for another writer's lock before failing.
+        busy_timeout: seconds to wait for another writer's lock before failing (SQLite's own
+            wait; default :data:`DEFAULT_BUSY_TIMEOUT`). A reservation whose key already has a
+            record never waits: it is answered from a read.
         clock: returns the current time in seconds (injectable for tests).
     """
 
@@ -85,11 +169,11 @@ class SQLiteStore:
         self,
         path: str | Path,
         *,
-        busy_timeout: float = 5.0,
+        busy_timeout: float | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.path = str(path)
-        self._busy_ms = int(busy_timeout * 1000)
+        self._busy_ms = int((DEFAULT_BUSY_TIMEOUT if busy_timeout is None else busy_timeout) * 1000)
         self._clock = clock
         self._local = threading.local()
         self._q = load_queries("sqlite.sql")
@@ -101,10 +185,7 @@ class SQLiteStore:
     def from_url(cls, url: str) -> SQLiteStore:
         """Build from ``sqlite:///path.db?busy_timeout=5``."""
         path, options = parse_sqlite_url(url)
-        kwargs: dict[str, Any] = {}
-        if "busy_timeout" in options:
-            kwargs["busy_timeout"] = float(options["busy_timeout"])
-        return cls(path, **kwargs)
+        return cls(path, busy_timeout=busy_timeout_option(options))
 
     def open_connection(self) -> sqlite3.Connection:
         """Open a new connection to the store's file, set up (WAL, schema) and in autocommit.
@@ -161,22 +242,48 @@ class SQLiteStore:
             committed=state == 2,
         )
 
+    def _settled(self, record_id: str) -> Reservation | None:
+        """The record of ``record_id`` when it decides the reservation without a write (read
+        only, so never waiting for the writer); ``None`` when the key needs the write lock."""
+        now = self._clock()
+        row = self._run("get", {"id": record_id, "now": now}).fetchone()
+        if row is None or (row[1] == 0 and row[2] <= now):
+            return None  # new, or a lapsed lease to take over: only the write decides
+        return Reservation(record=self._record(row, now))
+
     def reserve(self, record_id: str, fingerprint: str, *, lease: float, ttl: float) -> Reservation:
-        """See :meth:`retrysafe.stores.Store.reserve`."""
+        """See :meth:`retrysafe.stores.Store.reserve`.
+
+        Raises:
+            SQLiteBusyError: the key needs a write and another writer holds the lock (after
+                ``busy_timeout``; at once on the async face's connections, which retry).
+        """
+        if self._busy_ms:
+            # This connection blocks on the lock: look first, so a key that has a record (a
+            # duplicate, a replay) is answered without queueing behind another writer.
+            settled = self._settled(record_id)
+            if settled is not None:
+                return settled
         while True:
             now = self._clock()
             token = new_token()
-            won = self._run(
-                "reserve",
-                {
-                    "id": record_id,
-                    "fingerprint": fingerprint,
-                    "token": token,
-                    "lease_expires_at": now + lease,
-                    "expires_at": now + ttl,
-                    "now": now,
-                },
-            ).fetchall()
+            params = {
+                "id": record_id,
+                "fingerprint": fingerprint,
+                "token": token,
+                "lease_expires_at": now + lease,
+                "expires_at": now + ttl,
+                "now": now,
+            }
+            try:
+                won = self._run("reserve", params).fetchall()
+            except SQLiteBusyError:
+                # WAL readers never wait for the writer: a key whose record decides is
+                # answered now; one that needs the write waits (the caller's back-off).
+                settled = self._settled(record_id)
+                if settled is None:
+                    raise
+                return settled
             if won:
                 return Reservation(token=token)
             row = self._run("get", {"id": record_id, "now": now}).fetchone()
@@ -260,7 +367,10 @@ class AsyncSQLiteStore(InlineAsyncStore):
 
     Args:
         path: the database file.
-        busy_timeout: seconds to wait for another writer's lock before failing.
+        busy_timeout: seconds to wait for another writer's lock before failing. ``None``
+            (default): a reservation of a new key waits up to its lease, every other write up
+            to :data:`DEFAULT_BUSY_TIMEOUT`. A reservation whose key already has a record never
+            waits.
         clock: returns the current time in seconds.
     """
 
@@ -270,7 +380,7 @@ class AsyncSQLiteStore(InlineAsyncStore):
         self,
         path: str | Path,
         *,
-        busy_timeout: float = 5.0,
+        busy_timeout: float | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         super().__init__(SQLiteStore(path, busy_timeout=0.0, clock=clock))
@@ -281,23 +391,27 @@ class AsyncSQLiteStore(InlineAsyncStore):
     def from_url(cls, url: str) -> AsyncSQLiteStore:
         """Build from ``sqlite:///path.db?busy_timeout=5``."""
         path, options = parse_sqlite_url(url)
-        return cls(path, busy_timeout=float(options.get("busy_timeout", 5.0)))
+        return cls(path, busy_timeout=busy_timeout_option(options))
 
     async def _call(self, operation: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        loop = asyncio.get_running_loop()
-        deadline = 0.0
-        delay = 0.0005
-        while True:
-            try:
-                return operation(*args, **kwargs)
-            except SQLiteBusyError:
-                now = loop.time()
-                if not deadline:
-                    deadline = now + self.busy_timeout
-                elif now >= deadline:
-                    raise
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 0.02)
+        timeout = DEFAULT_BUSY_TIMEOUT if self.busy_timeout is None else self.busy_timeout
+        return await retry_while_busy(
+            functools.partial(operation, *args, **kwargs),
+            busy_timeout=timeout,
+            what=getattr(operation, "__name__", "statement"),
+        )
+
+    async def reserve(
+        self, record_id: str, fingerprint: str, *, lease: float, ttl: float
+    ) -> Reservation:
+        """See :meth:`retrysafe.stores.AsyncStore.reserve`: answered at once when the key has a
+        record; a new key queues for the write lock up to its lease (or ``busy_timeout``)."""
+        timeout = lease if self.busy_timeout is None else self.busy_timeout
+        return await retry_while_busy(
+            functools.partial(self.sync.reserve, record_id, fingerprint, lease=lease, ttl=ttl),
+            busy_timeout=timeout,
+            what="reserve",
+        )
 
     def begin(self) -> AsyncSQLiteTransaction:
         """Return a transaction (begun on first use) for transactional mode."""

@@ -32,6 +32,7 @@ FLOW_MODULES = frozenset(
         "_problems",
         "_config",
         "_errors",
+        "_logging",
     )
 )
 #: The one module outside the flow it may use: the store protocols and record types.

@@ -122,8 +122,7 @@ def test_committed_effects_then_a_released_status_declare_the_outcome_unknown(
 ) -> None:
     flow = _committed(claimed(events=events))
     script: list[tuple[object, ...]] = []
-    if events:
-        script.append((EMIT, "outcome_unknown"))
+    script.append((EMIT, "outcome_unknown"))
     # Never RELEASE: the effects happened. The lease is ended (0 s) so retries learn it at once.
     script.append((MARK_COMMITTED, 0.0, True))
     assert run(settle(flow, 500, HEADERS, BODY, False), script).value is None
@@ -131,7 +130,7 @@ def test_committed_effects_then_a_released_status_declare_the_outcome_unknown(
 
 def test_an_unknown_outcome_the_store_cannot_record_is_left_to_the_lease(settle: Settle) -> None:
     flow = _committed(claimed())
-    script = [(MARK_COMMITTED, 0.0, StoreError("down"))]
+    script = [(EMIT, "outcome_unknown"), (MARK_COMMITTED, 0.0, StoreError("down"))]
     assert run(settle(flow, 500, HEADERS, BODY, False), script).value is None
 
 
@@ -146,8 +145,7 @@ def test_a_completion_the_store_refuses_is_deferred_with_the_same_bytes(
 ) -> None:
     flow = claimed(events=events)
     script: list[tuple[object, ...]] = [(COMPLETE, ANY, StoreUnavailableError("down"))]
-    if events:
-        script.append((EMIT, "completion_deferred"))
+    script.append((EMIT, "completion_deferred"))
     script.append((DEFER, ANY))
     result = run(settle(flow, 201, HEADERS, BODY, False), script)
     assert result.value is None
@@ -159,8 +157,7 @@ def test_a_completion_the_store_refuses_is_deferred_with_the_same_bytes(
 def test_a_fenced_out_completion_reports_the_lost_lease(settle: Settle, events: bool) -> None:
     flow = claimed(events=events)
     script: list[tuple[object, ...]] = [(COMPLETE, ANY, False)]
-    if events:
-        script.append((EMIT, "lease_lost"))
+    script.append((EMIT, "lease_lost"))
     # The response still goes out (it is the handler's); only the record was not ours.
     assert run(settle(flow, 201, HEADERS, BODY, False), script).value is None
 
@@ -236,7 +233,7 @@ def test_a_begun_transaction_completes_and_commits_on_the_handlers_connection() 
     assert result.value is None
     assert decode_response(result.actions[2][1]).body == BODY
     assert not flow.in_tx
-    assert run(flow.close(), []).actions == []  # nothing left open
+    assert flow.finish() is None  # nothing left open
 
 
 def test_a_failing_finalizer_abandons_the_request_and_propagates() -> None:
@@ -276,8 +273,7 @@ def test_a_released_status_from_a_broken_connection_is_503(events: bool) -> None
         (TX_CLOSE, None, StoreError("connection is closed")),
         (RELEASE, None, True),
     ]
-    if events:
-        script.append((EMIT, "store_error"))
+    script.append((EMIT, "store_error"))
     answer = run(flow.settle(500, HEADERS, BODY, False), script).value
     assert isinstance(answer, Answer)
     assert answer.status == 503
@@ -293,6 +289,7 @@ def test_a_released_status_after_an_effect_outside_the_transaction_is_outcome_un
         (TX_STATE, None, (False, False)),
         (TX_ROLLBACK, None),
         (TX_CLOSE, None),
+        (EMIT, "outcome_unknown"),
         (MARK_COMMITTED, 0.0, True),
     ]
     assert run(flow.settle(500, HEADERS, BODY, False), script).value is None
@@ -317,6 +314,7 @@ def test_a_transaction_never_begun_defers_a_refused_completion_like_plain_mode()
         (TX_STATE, None, (False, False)),
         (TX_CLOSE, None),
         (COMPLETE, ANY, StoreError("down")),
+        (EMIT, "completion_deferred"),
         (DEFER, ANY),
     ]
     assert run(flow.settle(201, HEADERS, BODY, False), script).value is None
@@ -332,8 +330,7 @@ def test_a_commit_that_fails_releases_and_answers_503(events: bool) -> None:
         (TX_CLOSE, None),
         (RELEASE, None, False),
     ]
-    if events:
-        script.append((EMIT, "store_error"))
+    script.append((EMIT, "store_error"))
     answer = run(flow.settle(201, HEADERS, BODY, False), script).value
     assert isinstance(answer, Answer)
     assert answer.status == 503
@@ -351,7 +348,9 @@ def test_a_failed_commit_after_an_effect_outside_the_transaction_never_frees_the
         (TX_STATE, None, (True, False)),
         (TX_COMPLETE, ANY, StoreUnavailableError("terminated")),
         (TX_CLOSE, None),
+        (EMIT, "outcome_unknown"),
         (MARK_COMMITTED, 0.0, True),
+        (EMIT, "store_error"),
     ]
     answer = run(flow.settle(201, HEADERS, BODY, False), script).value
     assert answer.status == 503
@@ -366,8 +365,7 @@ def test_a_fenced_out_commit_is_409_with_retry_after_of_a_whole_lease(events: bo
         (TX_COMPLETE, ANY, False),
         (TX_CLOSE, None),
     ]
-    if events:
-        script.append((EMIT, "lease_lost"))
+    script.append((EMIT, "lease_lost"))
     answer = run(flow.settle(201, HEADERS, BODY, False), script).value
     assert isinstance(answer, Answer)
     assert answer.status == 409
@@ -383,8 +381,7 @@ def test_a_fenced_out_commit_is_409_with_retry_after_of_a_whole_lease(events: bo
 def test_a_store_error_before_the_response_started_is_503(events: bool) -> None:
     flow = claimed(events=events, store_retry_after=5)
     script: list[tuple[object, ...]] = [(RELEASE, None, True)]
-    if events:
-        script.append((EMIT, "store_error"))
+    script.append((EMIT, "store_error"))
     answer = run(flow.failed(StoreUnavailableError("pool timeout"), False), script).value
     assert isinstance(answer, Answer)
     assert answer.status == 503
@@ -398,6 +395,7 @@ def test_a_transaction_that_could_not_begin_is_503_after_giving_everything_back(
         (TX_ROLLBACK, None),
         (TX_CLOSE, None),
         (RELEASE, None, True),
+        (EMIT, "store_error"),
     ]
     answer = run(flow.failed(StoreError("database is locked"), False), script).value
     assert answer.status == 503
@@ -420,8 +418,7 @@ def test_a_handler_error_from_a_broken_transaction_is_503(events: bool) -> None:
         (TX_CLOSE, None),
         (RELEASE, None, True),
     ]
-    if events:
-        script.append((EMIT, "store_error"))
+    script.append((EMIT, "store_error"))
     answer = run(flow.failed(RuntimeError("server closed the connection"), False), script).value
     assert isinstance(answer, Answer)
     assert answer.status == 503
@@ -491,15 +488,20 @@ def test_an_incomplete_response_frees_the_key() -> None:
 
 def test_an_incomplete_response_after_committed_effects_is_outcome_unknown() -> None:
     flow = _committed(claimed())
-    assert run(flow.incomplete(), [(MARK_COMMITTED, 0.0, True)]).value is None
+    script = [(EMIT, "outcome_unknown"), (MARK_COMMITTED, 0.0, True)]
+    assert run(flow.incomplete(), script).value is None
 
 
-def test_close_gives_back_a_transaction_left_open_once() -> None:
+def test_finish_gives_back_a_transaction_left_open_once() -> None:
     flow = claimed(transactional=True)
-    run(flow.close(), [(TX_CLOSE, None, StoreError("already gone"))])
+    run(flow.finish(), [(TX_CLOSE, None, StoreError("already gone"))])
     assert not flow.in_tx
-    assert run(flow.close(), []).actions == []
+    assert flow.finish() is None
 
 
-def test_close_has_nothing_to_do_in_plain_mode() -> None:
-    assert run(claimed().close(), []).actions == []
+def test_finish_has_nothing_to_do_in_plain_mode_without_a_hook() -> None:
+    assert claimed().finish() is None
+
+
+def test_finish_reports_settled_to_a_hook() -> None:
+    assert run(claimed(events=True).finish(), [(EMIT, "settled")]).actions == [(EMIT, "settled")]

@@ -1,0 +1,382 @@
+"""Flask integration: the ``Idempotency`` extension, per-view settings, a ``flask retrysafe`` CLI.
+
+::
+
+    from flask import Flask
+    from retrysafe.contrib.flask import Idempotency, idempotent
+
+    app = Flask(__name__)
+    Idempotency(app, store="sqlite:///idempotency.db")   # or app.config["RETRYSAFE_STORE_URL"]
+
+    @app.post("/payments")
+    @idempotent(required=True)
+    def pay(): ...
+
+The extension wraps ``app.wsgi_app`` in the pure WSGI middleware (:mod:`retrysafe.wsgi`), so the
+wire contract, the stores and transactional mode are exactly those of WSGI. Per-view settings come
+from ``@idempotent`` marks, found through Flask's own URL map (blueprints and ``MethodView``
+included). Settings are read from the extension's keyword arguments and from ``app.config``
+(``RETRYSAFE_STORE_URL``, ``RETRYSAFE_TTL``, ...: every field of
+:class:`~retrysafe.IdempotencyConfig`, upper-cased, behind ``RETRYSAFE_``) and checked once, in
+:meth:`Idempotency.init_app`; a bad value is a :class:`~retrysafe.ConfigurationError` there, never
+an error per request.
+"""
+
+from __future__ import annotations
+
+import difflib
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+from .. import cli as _cli
+from .. import wsgi as _wsgi
+from .._config import IdempotencyConfig, RouteOptions, front_config
+from .._errors import ConfigurationError
+from .._routes import idempotent, route_options
+from ..stores import Store, resolve_store
+
+try:
+    import click
+    from flask import Flask, current_app, request
+    from flask.cli import AppGroup
+    from werkzeug.exceptions import HTTPException
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise ImportError("retrysafe.contrib.flask needs: pip install 'retrysafe[flask]'") from exc
+
+__all__ = [
+    "CONFIG_PREFIX",
+    "Idempotency",
+    "cli",
+    "config_keys",
+    "idempotent",
+    "mark_committed",
+    "transaction",
+]
+
+#: Every setting in ``app.config`` starts with this.
+CONFIG_PREFIX = "RETRYSAFE_"
+_STORE_KEY = CONFIG_PREFIX + "STORE_URL"
+_EXTENSION = "retrysafe"
+
+# The IdempotencyConfig fields a Flask config can set, by their annotation (the module uses
+# postponed annotations, so these are the source strings). Anything else passes unchecked to
+# IdempotencyConfig, which validates it.
+_FIELDS: dict[str, str] = {f.name: str(f.type) for f in fields(IdempotencyConfig) if f.init}
+
+
+def config_keys() -> list[str]:
+    """The ``app.config`` keys the extension reads, ``RETRYSAFE_STORE_URL`` first."""
+    return [_STORE_KEY, *(CONFIG_PREFIX + name.upper() for name in _FIELDS)]
+
+
+@dataclass(frozen=True, slots=True)
+class _AppState:
+    """What :meth:`Idempotency.init_app` set up for one app (``app.extensions["retrysafe"]``)."""
+
+    extension: Idempotency
+    store: Store
+    store_url: str | None
+    config: IdempotencyConfig
+    middleware: _wsgi.IdempotencyMiddleware
+
+
+class Idempotency:
+    """The Flask extension: makes the app's POST/PATCH requests safe to retry.
+
+    Args:
+        app: the app to set up now; or call :meth:`init_app` later (application factories).
+        store: a store URL or a synchronous store; default ``app.config["RETRYSAFE_STORE_URL"]``.
+        config: all settings at once (then no ``RETRYSAFE_*`` option may be in ``app.config``).
+        **options: fields of :class:`~retrysafe.IdempotencyConfig`; they win over the same
+            setting in ``app.config``.
+
+    Raises:
+        ConfigurationError: (from :meth:`init_app`) no store, or a bad store or setting.
+    """
+
+    def __init__(
+        self,
+        app: Flask | None = None,
+        *,
+        store: str | Store | None = None,
+        config: IdempotencyConfig | None = None,
+        **options: Any,
+    ) -> None:
+        unknown = sorted(set(options) - set(_FIELDS))
+        if unknown:
+            raise ConfigurationError(f"unknown retrysafe option(s): {', '.join(unknown)}")
+        self.store = store
+        self.config = config
+        self.options = options
+        if app is not None:
+            self.init_app(app)
+
+    def init_app(self, app: Flask) -> None:
+        """Set up ``app``: check the settings, wrap ``app.wsgi_app``, add the CLI group.
+
+        The middleware wraps ``app.wsgi_app`` as it is now: WSGI middleware added later (e.g.
+        ``ProxyFix``) runs outside retrysafe.
+
+        Raises:
+            ConfigurationError: no store, an unknown ``RETRYSAFE_*`` key, or a bad value (the
+                message names the key).
+        """
+        if _EXTENSION in app.extensions:
+            raise ConfigurationError(f"retrysafe is already set up on the Flask app {app.name!r}")
+        from_app = _options_from_config(app.config)
+        store = self.store if self.store is not None else app.config.get(_STORE_KEY)
+        if store is None:
+            raise ConfigurationError(
+                f"no idempotency store for the Flask app {app.name!r}: pass "
+                f"Idempotency(store=URL) or set app.config[{_STORE_KEY!r}]"
+            )
+        if isinstance(store, str) and not store:
+            raise ConfigurationError(f"{_STORE_KEY} is empty")
+        if self.config is not None and from_app:
+            keys = ", ".join(CONFIG_PREFIX + name.upper() for name in sorted(from_app))
+            raise ConfigurationError(f"Idempotency(config=...) is given, so remove {keys}")
+        try:
+            resolved = resolve_store(store)
+            config = front_config(self.config, {**from_app, **self.options}, resolved)
+        except ConfigurationError as exc:
+            raise ConfigurationError(
+                f"retrysafe settings of Flask app {app.name!r}: {exc}"
+            ) from exc
+        middleware = _wsgi.IdempotencyMiddleware(
+            app.wsgi_app, store=resolved, config=config, route_options=_view_options(app)
+        )
+        # Flask documents wrapping wsgi_app (not the app) so the app object stays the app.
+        app.wsgi_app = middleware  # type: ignore[method-assign]
+        app.extensions[_EXTENSION] = _AppState(
+            self, resolved, store if isinstance(store, str) else None, config, middleware
+        )
+        app.cli.add_command(cli)
+
+    @staticmethod
+    def state(app: Flask) -> _AppState:
+        """What :meth:`init_app` set up for ``app`` (store, settings, middleware).
+
+        Raises:
+            ConfigurationError: the app was not set up.
+        """
+        state = app.extensions.get(_EXTENSION)
+        if not isinstance(state, _AppState):
+            raise ConfigurationError(f"retrysafe is not set up on the Flask app {app.name!r}")
+        return state
+
+
+def _check_value(key: str, annotation: str, value: Any) -> Any:
+    """Check (and where unambiguous, convert) one ``app.config`` value for its field."""
+    if value is None and annotation.endswith("| None"):
+        return None
+    base = annotation.removesuffix(" | None")
+
+    def wrong(expected: str) -> ConfigurationError:
+        return ConfigurationError(f"app.config[{key!r}] must be {expected}, got {value!r}")
+
+    if base == "bool":
+        if not isinstance(value, bool):
+            raise wrong("True or False")
+    elif base == "float":
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise wrong("a number")
+    elif base == "int":
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise wrong("an integer")
+    elif base == "str":
+        if not isinstance(value, str):
+            raise wrong("a string")
+    elif base.startswith("frozenset["):
+        item = int if base == "frozenset[int]" else str
+        if isinstance(value, str):
+            # From the environment (``from_prefixed_env``): a comma-separated list.
+            parts = [p.strip() for p in value.split(",") if p.strip()]
+            try:
+                value = frozenset(item(p) for p in parts)
+            except ValueError:
+                raise wrong(f"a list of {item.__name__}") from None
+        elif isinstance(value, list | tuple | set | frozenset):
+            if not all(isinstance(v, item) and not isinstance(v, bool) for v in value):
+                raise wrong(f"a list of {item.__name__}")
+            value = frozenset(value)
+        else:
+            raise wrong(f"a list of {item.__name__}")
+    elif base == "tuple[str, ...]":  # ordered (replay_headers)
+        if isinstance(value, str):
+            value = tuple(p.strip() for p in value.split(",") if p.strip())
+        elif isinstance(value, list | tuple) and all(isinstance(v, str) for v in value):
+            value = tuple(value)
+        else:
+            raise wrong("a list of str")
+    return value
+
+
+def _options_from_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``RETRYSAFE_*`` settings of an ``app.config``, checked, as config field values."""
+    known = set(config_keys())
+    found: dict[str, Any] = {}
+    for key, value in config.items():
+        if not key.startswith(CONFIG_PREFIX) or key == _STORE_KEY:
+            continue
+        if key not in known:
+            close = difflib.get_close_matches(key, sorted(known), n=1)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            raise ConfigurationError(f"unknown setting app.config[{key!r}]{hint}")
+        name = key.removeprefix(CONFIG_PREFIX).lower()
+        found[name] = _check_value(key, _FIELDS[name], value)
+    return found
+
+
+def _view_options(app: Flask) -> Callable[[dict[str, Any]], RouteOptions | None]:
+    """The middleware's ``route_options`` hook: Flask's URL map names the view a request goes
+    to; its ``@idempotent`` mark (on the function, or a ``MethodView``'s class or method) gives
+    the settings."""
+
+    def lookup(environ: dict[str, Any]) -> RouteOptions | None:
+        try:
+            # Flask's own adapter: SERVER_NAME, subdomains and host matching as Flask routes.
+            adapter = app.create_url_adapter(app.request_class(environ, populate_request=False))
+            if adapter is None:
+                return None
+            endpoint, _ = adapter.match()
+        except HTTPException:  # 404, 405, a redirect: the app-wide settings apply
+            return None
+        view = app.view_functions.get(str(endpoint))
+        options = route_options(view)
+        if options is None:
+            view_class = getattr(view, "view_class", None)
+            if view_class is not None:
+                method = getattr(view_class, str(environ.get("REQUEST_METHOD", "")).lower(), None)
+                options = route_options(method) or route_options(view_class)
+        return options
+
+    return lookup
+
+
+def transaction(*, optional: bool = False) -> Any:
+    """The database connection of the current Flask request's idempotent transaction.
+
+    In transactional mode (``transactional=True`` with a SQLite or PostgreSQL store) the view's
+    writes on this connection (``sqlite3.Connection`` / ``psycopg.Connection``) commit together
+    with the stored response, when the response is final. Do not commit it yourself.
+
+    Args:
+        optional: return ``None`` instead of raising when the request has no transaction (no
+            key on a route where the key is optional).
+
+    Raises:
+        ConfigurationError: the request does not run in transactional mode.
+    """
+    return _wsgi.transaction(request.environ, optional=optional)
+
+
+def mark_committed() -> bool:
+    """Declare that the current Flask request's side effects are committed (see
+    :func:`retrysafe.mark_committed`): from now on its key is never run again.
+
+    Returns:
+        ``True`` when recorded (or the request has no key); ``False`` when the store could not
+        be reached or the lease was lost.
+    """
+    return _wsgi.mark_committed(request.environ)
+
+
+# ``flask retrysafe ...``: the ``retrysafe`` command's own functions, on the app's store.
+cli = AppGroup(_EXTENSION, help="Idempotency records of this app's retrysafe store.")
+
+_store_option = click.option(
+    "--store", "store_url", default=None, help="store URL (default: the app's retrysafe store)"
+)
+
+
+def _key_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    for option in reversed(
+        [
+            click.option("--key", required=True, help="the Idempotency-Key value (unquoted)"),
+            click.option("--path", required=True, help="the request path, e.g. /orders"),
+            click.option("--method", default="POST", show_default=True),
+            click.option("--scope", default=None, help="the scope the key belongs to"),
+            click.option(
+                "--authorization", default=None, help="the Authorization header it came with"
+            ),
+        ]
+    ):
+        command = option(command)
+    return command
+
+
+def _run(command: str, store_url: str | None, *args: str) -> None:
+    if store_url is None:
+        state = Idempotency.state(current_app)
+        store_url = state.store_url
+        if store_url is None:
+            raise click.UsageError(
+                "the app's store was given as an object, not a URL: pass --store URL"
+            )
+    code = _cli.main([command, "--store", store_url, *args])
+    sys.stdout.flush()
+    if code:
+        raise click.exceptions.Exit(code)
+
+
+def _key_args(
+    key: str, path: str, method: str, scope: str | None, authorization: str | None
+) -> list[str]:
+    if scope is not None and authorization is not None:
+        raise click.UsageError("pass --scope or --authorization, not both")
+    args = ["--key", key, "--path", path, "--method", method]
+    if scope is not None:
+        args += ["--scope", scope]
+    if authorization is not None:
+        args += ["--authorization", authorization]
+    return args
+
+
+@cli.command("purge")
+@_store_option
+def _purge(store_url: str | None) -> None:
+    """Delete expired records."""
+    _run("purge", store_url)
+
+
+@cli.command("check")
+@_store_option
+def _check(store_url: str | None) -> None:
+    """Check that the store is reachable (a reserve/release round trip)."""
+    _run("check", store_url)
+
+
+@cli.command("inspect")
+@_store_option
+@_key_options
+def _inspect(
+    store_url: str | None,
+    key: str,
+    path: str,
+    method: str,
+    scope: str | None,
+    authorization: str | None,
+) -> None:
+    """Show the record of one key (exit 1 when there is none)."""
+    _run("inspect", store_url, *_key_args(key, path, method, scope, authorization))
+
+
+@cli.command("resolve")
+@_store_option
+@_key_options
+@click.option("--force", is_flag=True, help="also delete a completed record")
+def _resolve(
+    store_url: str | None,
+    key: str,
+    path: str,
+    method: str,
+    scope: str | None,
+    authorization: str | None,
+    force: bool,
+) -> None:
+    """Delete the record of one key (an outcome-unknown key, after checking its effects), so
+    the next request with it runs."""
+    args = _key_args(key, path, method, scope, authorization)
+    _run("resolve", store_url, *args, *(["--force"] if force else []))

@@ -1,0 +1,200 @@
+"""Fixtures of the wire-contract suite: every shell (ids ``asgi``, ``wsgi``) over every store
+(ids ``memory``, ``sqlite``, ``postgres``, ``redis``; async stores behind ASGI, sync ones behind
+WSGI), each store isolated per test (a fresh file, table or key prefix, as tests/stores does)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qsl, urlsplit
+
+import pytest
+
+from retrysafe.stores import AsyncMemoryStore, AsyncSQLiteStore, MemoryStore, SQLiteStore, Store
+
+from ..stores.backend_postgres import admin_connect, fresh_table_url
+from ..stores.backend_redis import delete_prefixed, unique_prefix, with_prefix
+from .harness import Service, World
+
+SHELLS = [pytest.param("asgi", id="asgi"), pytest.param("wsgi", id="wsgi")]
+STORES = [
+    pytest.param("memory", id="memory"),
+    pytest.param("sqlite", id="sqlite"),
+    pytest.param("postgres", id="postgres"),
+    pytest.param("redis", id="redis"),
+]
+
+
+class ShiftClock:
+    """Wall-clock time plus a shift the test moves (for the stores that take ``clock=``)."""
+
+    def __init__(self) -> None:
+        self.shift = 0.0
+
+    def __call__(self) -> float:
+        return time.time() + self.shift
+
+
+class Backend:
+    """One isolated store of one kind, for one shell.
+
+    Attributes:
+        kind: ``memory``, ``sqlite``, ``postgres`` or ``redis``.
+        shell: ``asgi`` (async stores) or ``wsgi`` (sync stores).
+    """
+
+    def __init__(self, kind: str, shell: str, request: pytest.FixtureRequest, tmp: Path) -> None:
+        self.kind = kind
+        self.shell = shell
+        self.clock = ShiftClock()
+        self._cleanups: list[Callable[[], None]] = []
+        self._shared: Any = None
+        if kind == "memory":
+            self._shared = AsyncMemoryStore(clock=self.clock) if shell == "asgi" else None
+            if shell == "wsgi":
+                self._shared = MemoryStore(clock=self.clock)
+        elif kind == "sqlite":
+            self.path = tmp / "contract.db"
+        elif kind == "postgres":
+            self.url = fresh_table_url(request, max_size="4")
+            self.table = dict(parse_qsl(urlsplit(self.url).query))["table"]
+        else:
+            base: str = request.getfixturevalue("redis_url")
+            prefix = unique_prefix("contract")
+            self.url = with_prefix(base, prefix)
+            self.prefix = prefix
+            self.base_url = base
+
+            def drop() -> None:
+                delete_prefixed(base, prefix)  # this test's keys only, never FLUSHDB
+
+            self._cleanups.append(drop)
+
+    def store(self) -> Any:
+        """A store over this backend's data, for the backend's shell (a new one per call, except
+        memory, whose data lives in the one instance)."""
+        if self._shared is not None:
+            return self._shared
+        if self.kind == "sqlite":
+            if self.shell == "asgi":
+                return AsyncSQLiteStore(self.path, clock=self.clock)
+            return SQLiteStore(self.path, clock=self.clock)
+        if self.kind == "postgres":
+            from retrysafe.stores.postgres import AsyncPostgresStore, PostgresStore
+
+            return AsyncPostgresStore(self.url) if self.shell == "asgi" else PostgresStore(self.url)
+        from retrysafe.stores.redis import AsyncRedisStore, RedisStore
+
+        return AsyncRedisStore(self.url) if self.shell == "asgi" else RedisStore(self.url)
+
+    def wsgi_store(self) -> Any:
+        """A sync store over the same data as an ``asgi`` backend (for an app served by both
+        fronts at once); the caller closes it."""
+        if self.kind == "memory":
+            return self._shared.sync
+        if self.kind == "sqlite":
+            return SQLiteStore(self.path, clock=self.clock)
+        if self.kind == "postgres":
+            from retrysafe.stores.postgres import PostgresStore
+
+            return PostgresStore(self.url)
+        from retrysafe.stores.redis import RedisStore
+
+        return RedisStore(self.url)
+
+    def sync_store(self) -> Store:
+        """A synchronous store over the same data (for a reservation made "by another
+        process"); closed with the backend."""
+        store: Store
+        if self.kind == "memory":
+            shared = self._shared
+            store = shared.sync if isinstance(shared, AsyncMemoryStore) else shared
+            return store
+        if self.kind == "sqlite":
+            store = SQLiteStore(self.path, clock=self.clock)
+        elif self.kind == "postgres":
+            from retrysafe.stores.postgres import PostgresStore
+
+            store = PostgresStore(self.url)
+        else:
+            from retrysafe.stores.redis import RedisStore
+
+            store = RedisStore(self.url)
+        self._cleanups.append(store.close)
+        return store
+
+    def lapse_leases(self) -> None:
+        """Make every in-progress lease of this backend end now, as if its owner had stopped
+        renewing for longer than the lease (memory, SQLite: their clock moves an hour on;
+        PostgreSQL: the lease ends on the server's clock; Redis: the record's lease TTL runs
+        out)."""
+        if self.kind in ("memory", "sqlite"):
+            self.clock.shift += 3600.0
+        elif self.kind == "postgres":
+            with admin_connect(self.url) as conn:
+                conn.execute(
+                    f"UPDATE {self.table} SET lease_expires_at = clock_timestamp() "
+                    "- interval '1 second' WHERE state = 0"
+                )
+        else:
+            import redis
+
+            client = redis.Redis.from_url(self.base_url)
+            try:
+                for name in client.scan_iter(match=f"{self.prefix}*"):
+                    if client.hget(name, "s") == b"0":
+                        client.pexpire(name, 1)
+            finally:
+                client.close()
+            time.sleep(0.01)
+
+    def close(self) -> None:
+        for cleanup in reversed(self._cleanups):
+            cleanup()
+
+
+@pytest.fixture(params=SHELLS)
+def shell(request: pytest.FixtureRequest) -> str:
+    """Every shell in turn."""
+    value: str = request.param
+    return value
+
+
+@pytest.fixture(params=STORES)
+def backend(shell: str, request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
+    """Every store kind in turn, isolated to this test."""
+    made = Backend(request.param, shell, request, tmp_path)
+    yield made
+    made.close()
+
+
+@pytest.fixture
+def world() -> World:
+    """The effects of this test's app instances."""
+    return World()
+
+
+ServiceFactory = Callable[..., Service]
+
+
+@pytest.fixture
+def make_service(backend: Backend, world: World) -> Iterator[ServiceFactory]:
+    """Build app instances over the backend's store (``**options``: IdempotencyConfig)."""
+    made: list[Service] = []
+
+    def make(**options: Any) -> Service:
+        service = Service(backend.shell, backend.store(), world, **options)
+        made.append(service)
+        return service
+
+    yield make
+    for service in reversed(made):
+        service.close()
+
+
+@pytest.fixture
+def svc(make_service: ServiceFactory) -> Service:
+    """One app instance with the default settings."""
+    return make_service()

@@ -1,0 +1,153 @@
+"""Where ``retrysafe proxy`` options come from (flag > RETRYSAFE_* > TOML > default), and how bad
+ones end: exit status 2 and one line naming the problem, before anything is served."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from retrysafe import ConfigurationError
+from retrysafe.cli import main
+from retrysafe.proxy import ProxySettings, RoutePolicy, header_scope_resolver, load_settings
+
+BASE = {"upstream": "http://127.0.0.1:9000", "store": "memory://"}
+
+
+def write(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "proxy.toml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_a_flag_beats_the_environment_which_beats_the_file(tmp_path: Path) -> None:
+    config = write(
+        tmp_path,
+        'upstream = "http://file:1"\nstore = "memory://"\nttl = 10.0\nlease = 5.0\n'
+        'methods = ["POST"]\n',
+    )
+    settings = load_settings(
+        {"ttl": "30"},
+        {"RETRYSAFE_TTL": "20", "RETRYSAFE_LEASE": "2", "RETRYSAFE_UPSTREAM": "http://env:2"},
+        config,
+    )
+    assert settings.ttl == 30.0  # flag
+    assert settings.lease == 2.0  # environment over file
+    assert settings.upstream == "http://env:2"
+    assert settings.methods == frozenset({"POST"})  # file over default
+    assert settings.max_body_size == 1024 * 1024  # default
+
+
+def test_routes_from_the_file_become_per_route_middleware_settings(tmp_path: Path) -> None:
+    config = write(
+        tmp_path,
+        '[[routes]]\npath = "/payments"\nrequired = true\nttl = 600\nmethods = ["post", "put"]\n'
+        '[[routes]]\npath = "/webhooks/*"\nenabled = false\n',
+    )
+    settings = load_settings(BASE, {}, config)
+    payments, hooks = settings.routes
+    assert payments == RoutePolicy(
+        path="/payments", required=True, ttl=600.0, methods=frozenset({"POST", "PUT"})
+    )
+    route_config = settings.idempotency_config(payments)
+    assert route_config.required and route_config.ttl == 600.0
+    assert route_config.methods == frozenset({"POST", "PUT"})
+    assert settings.idempotency_config().required is False
+    assert hooks.matches("/webhooks/github") and not hooks.matches("/webhook")
+    assert payments.matches("/payments") and not payments.matches("/payments/1")
+    # Worker processes rebuild the same settings from JSON.
+    assert ProxySettings.from_json(settings.to_json()) == settings
+
+
+def test_environment_booleans_and_lists_are_parsed() -> None:
+    env = {"RETRYSAFE_TRUST_FORWARDED": "yes", "RETRYSAFE_METHODS": "post, patch,PUT"}
+    settings = load_settings(BASE, env)
+    assert settings.trust_forwarded is True
+    assert settings.methods == frozenset({"POST", "PATCH", "PUT"})
+    with pytest.raises(ConfigurationError, match="RETRYSAFE_REQUIRED"):
+        load_settings(BASE, {"RETRYSAFE_REQUIRED": "maybe"})
+
+
+def test_principal_header_scopes_by_its_value_and_is_global_without_it() -> None:
+    resolve = header_scope_resolver("X-Api-Key")
+    alice = resolve({"headers": [(b"x-api-key", b"alice")]})
+    bob = resolve({"headers": [(b"x-api-key", b"bob")]})
+    assert alice and bob and alice != bob
+    assert resolve({"headers": [(b"authorization", b"alice")]}) == ""
+
+
+@pytest.mark.parametrize(
+    ("args", "config", "message"),
+    [
+        pytest.param(["--store", "memory://"], None, "--upstream is required", id="no-upstream"),
+        pytest.param(
+            ["--upstream", "ftp://x", "--store", "memory://"], None, "http:// or https://", id="url"
+        ),
+        pytest.param([*["--upstream", "http://u:1"]], None, "--store is required", id="no-store"),
+        pytest.param(
+            ["--upstream", "http://u:1", "--store", "nope://"], None, "unknown store", id="store"
+        ),
+        pytest.param(
+            ["--upstream", "http://u:1", "--store", "memory://", "--listen", "8080"],
+            None,
+            "HOST:PORT",
+            id="listen",
+        ),
+        pytest.param(
+            ["--upstream", "http://u:1", "--store", "memory://", "--ttl", "soon"],
+            None,
+            "bad value for ttl",
+            id="ttl",
+        ),
+        pytest.param(
+            ["--upstream", "http://u:1", "--store", "memory://", "--workers", "2"],
+            None,
+            "memory:// lives in one process",
+            id="memory-workers",
+        ),
+        pytest.param(
+            ["--upstream", "http://u:1", "--store", "memory://", "--log-level", "loud"],
+            None,
+            "log_level must be one of",
+            id="log-level",
+        ),
+        pytest.param([], "upstream = [", "not valid TOML", id="toml"),
+        pytest.param([], 'upstrem = "http://u:1"', "unknown option 'upstrem'", id="typo"),
+        pytest.param([], '[[routes]]\npath = "/a"\nreqired = true', "unknown route key", id="key"),
+        pytest.param([], '[[routes]]\npath = "a"', "must start with '/'", id="path"),
+        pytest.param(
+            [],
+            'upstream = "http://u:1"\nstore = "memory://"\n[[routes]]\npath = "/a"\nttl = 1',
+            "route /a: lease must not be longer than ttl",
+            id="route-ttl",
+        ),
+    ],
+)
+def test_bad_options_exit_2_with_one_line(
+    args: list[str],
+    config: str | None,
+    message: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for variable in ("RETRYSAFE_STORE_URL", "RETRYSAFE_UPSTREAM", "RETRYSAFE_CONFIG"):
+        monkeypatch.delenv(variable, raising=False)
+    if config is not None:
+        args = [*args, "--config", write(tmp_path, config)]
+    assert main(["proxy", *args]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("retrysafe: "), err
+    assert message in err
+
+
+def test_a_missing_config_file_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = str(tmp_path / "nope.toml")
+    assert (
+        main(["proxy", *["--upstream", "http://u:1", "--store", "memory://"], "--config", missing])
+        == 2
+    )
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "cannot read" in err and "nope.toml" in err
