@@ -1,9 +1,11 @@
-"""Fixtures of the wire-contract suite: every shell (ids ``asgi``, ``wsgi``) over every store
-(ids ``memory``, ``sqlite``, ``postgres``, ``redis``; async stores behind ASGI, sync ones behind
-WSGI), each store isolated per test (a fresh file, table or key prefix, as tests/stores does)."""
+"""Fixtures of the wire-contract suite: every shell (ids ``asgi``, ``wsgi``, ``flask``) over
+every store (ids ``memory``, ``sqlite``, ``postgres``, ``redis``; async stores behind ASGI, sync
+ones behind WSGI and Flask), each store isolated per test (a fresh file, table or key prefix, as
+tests/stores does)."""
 
 from __future__ import annotations
 
+import importlib.util
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -14,11 +16,18 @@ import pytest
 
 from retrysafe.stores import AsyncMemoryStore, AsyncSQLiteStore, MemoryStore, SQLiteStore, Store
 
+from ..conftest import service_missing
 from ..stores.backend_postgres import admin_connect, fresh_table_url
 from ..stores.backend_redis import delete_prefixed, unique_prefix, with_prefix
-from .harness import Service, World
+from .harness import ASYNC_SHELLS, Service, World
 
-SHELLS = [pytest.param("asgi", id="asgi"), pytest.param("wsgi", id="wsgi")]
+SHELLS = [
+    pytest.param("asgi", id="asgi"),
+    pytest.param("wsgi", id="wsgi"),
+    pytest.param("flask", id="flask"),  # Flask's test client, retrysafe.contrib.flask
+]
+#: The framework each test-client shell needs (skipped where it is not installed, failed in CI).
+FRAMEWORKS = {"flask": "flask"}
 STORES = [
     pytest.param("memory", id="memory"),
     pytest.param("sqlite", id="sqlite"),
@@ -42,18 +51,20 @@ class Backend:
 
     Attributes:
         kind: ``memory``, ``sqlite``, ``postgres`` or ``redis``.
-        shell: ``asgi`` (async stores) or ``wsgi`` (sync stores).
+        shell: the shell it serves: async stores for ``ASYNC_SHELLS``, sync ones otherwise.
     """
 
     def __init__(self, kind: str, shell: str, request: pytest.FixtureRequest, tmp: Path) -> None:
         self.kind = kind
         self.shell = shell
+        self.is_async = shell in ASYNC_SHELLS
         self.clock = ShiftClock()
         self._cleanups: list[Callable[[], None]] = []
         self._shared: Any = None
         if kind == "memory":
-            self._shared = AsyncMemoryStore(clock=self.clock) if shell == "asgi" else None
-            if shell == "wsgi":
+            if self.is_async:
+                self._shared = AsyncMemoryStore(clock=self.clock)
+            else:
                 self._shared = MemoryStore(clock=self.clock)
         elif kind == "sqlite":
             self.path = tmp / "contract.db"
@@ -78,16 +89,16 @@ class Backend:
         if self._shared is not None:
             return self._shared
         if self.kind == "sqlite":
-            if self.shell == "asgi":
+            if self.is_async:
                 return AsyncSQLiteStore(self.path, clock=self.clock)
             return SQLiteStore(self.path, clock=self.clock)
         if self.kind == "postgres":
             from retrysafe.stores.postgres import AsyncPostgresStore, PostgresStore
 
-            return AsyncPostgresStore(self.url) if self.shell == "asgi" else PostgresStore(self.url)
+            return AsyncPostgresStore(self.url) if self.is_async else PostgresStore(self.url)
         from retrysafe.stores.redis import AsyncRedisStore, RedisStore
 
-        return AsyncRedisStore(self.url) if self.shell == "asgi" else RedisStore(self.url)
+        return AsyncRedisStore(self.url) if self.is_async else RedisStore(self.url)
 
     def wsgi_store(self) -> Any:
         """A sync store over the same data as an ``asgi`` backend (for an app served by both
@@ -159,6 +170,8 @@ class Backend:
 def shell(request: pytest.FixtureRequest) -> str:
     """Every shell in turn."""
     value: str = request.param
+    if value in FRAMEWORKS and importlib.util.find_spec(FRAMEWORKS[value]) is None:
+        service_missing(FRAMEWORKS[value], "the package is not installed")  # fails under CI
     return value
 
 

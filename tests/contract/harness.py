@@ -1,10 +1,13 @@
 """A neutral harness for the wire-contract suite: one logical app on every front.
 
 The same small orders app runs behind the ASGI shell (a Starlette app, driven through
-``httpx.ASGITransport`` on an event loop in a background thread) and behind the WSGI shell (a
+``httpx.ASGITransport`` on an event loop in a background thread), behind the WSGI shell (a
 bare WSGI callable, driven through :class:`ServerTransport`, which builds the environ as a WSGI
-server does). Tests talk to either through one sync API (:meth:`Service.post`) and use threads for
-concurrency, so every test reads the same on both fronts.
+server does) and behind a framework integration driven through the framework's own test client
+(shell ``flask``: Flask views under ``retrysafe.contrib.flask``, see ``flask_front.py``; any such
+front implements :class:`ClientFront` and is named in :func:`client_front`). Tests talk to every
+shell through one sync API (:meth:`Service.post`) and use threads for concurrency, so every test
+reads the same on every front.
 
 The app's one route (any path) counts its runs per path (the "effect") and takes knobs from the
 query string:
@@ -18,7 +21,8 @@ query string:
 - ``size=N``: answer with a plain body of N bytes.
 - ``h=Name:value``: one more response header (repeatable).
 - ``mark=1``: declare the effect committed (``retrysafe.mark_committed`` on ASGI,
-  ``retrysafe.wsgi.mark_committed`` on WSGI); the result lands in ``World.marks``.
+  ``retrysafe.wsgi.mark_committed`` on WSGI, the framework's own on the others); the result
+  lands in ``World.marks``.
 
 Every answer carries ``Location``, ``ETag``, ``X-Custom``, ``Cache-Control`` and ``Set-Cookie``.
 """
@@ -36,7 +40,7 @@ from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from http import HTTPStatus
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import parse_qs, quote, unquote_to_bytes
 
 import httpx
@@ -49,11 +53,24 @@ import retrysafe
 import retrysafe.asgi
 import retrysafe.wsgi
 
-__all__ = ["REPLAYED", "Pending", "ServerTransport", "Service", "World", "problem_type"]
+__all__ = [
+    "ASYNC_SHELLS",
+    "REPLAYED",
+    "ClientFront",
+    "Pending",
+    "ServerTransport",
+    "Service",
+    "World",
+    "WsgiChunks",
+    "problem_type",
+]
 
 REPLAYED = "idempotency-replayed"
 #: Longest a test waits for anything (a gate, a request): bounded, never a hang.
 WAIT = 15.0
+
+#: The shells that take the backend's async store; every other shell takes its sync store.
+ASYNC_SHELLS = frozenset({"asgi"})
 
 Headers = Sequence[tuple[str | bytes, str | bytes]] | dict[str, str] | None
 
@@ -210,7 +227,7 @@ def asgi_app(world: World) -> Starlette:
 # -- the WSGI front --------------------------------------------------------------------------
 
 
-class _Chunks:
+class WsgiChunks:
     """The WSGI app's response iterable; counts its ``close()`` calls (PEP 3333)."""
 
     def __init__(self, world: World, chunks: list[bytes], midway: bool) -> None:
@@ -252,7 +269,7 @@ def wsgi_app(world: World) -> Callable[..., Iterable[bytes]]:
         if p.fail:
             raise HandlerFailed("the handler failed")
         start_response(f"{p.status} {_phrase(p.status)}", p.headers)
-        return _Chunks(world, p.chunks, p.midway)
+        return WsgiChunks(world, p.chunks, p.midway)
 
     return app
 
@@ -329,6 +346,43 @@ class ServerTransport(httpx.BaseTransport):
         return httpx.Response(status, headers=headers, content=body)
 
 
+# -- fronts driven through a framework's own test client ------------------------------------
+
+
+class ClientFront(Protocol):
+    """A framework's app under its retrysafe integration, driven through the framework's test
+    client (shells other than ``asgi`` and ``wsgi``). Safe to call from several threads."""
+
+    #: The WSGI/ASGI middleware the integration installed (tests may look at it).
+    middleware: Any
+
+    def send(self, request: httpx.Request) -> httpx.Response:
+        """Send the request; the whole response, or an ``httpx`` error for a cut connection."""
+
+    def abandon(self, request: httpx.Request, after: int) -> None:
+        """Send the request and go away after ``after`` parts of the response were read."""
+
+    def close(self) -> None:
+        """Release what the front holds (not the store: the service closes it)."""
+
+
+class _BuildOnly(httpx.BaseTransport):
+    """The transport of a client that only builds requests (and so needs no SSL context, which
+    a default transport loads at every construction)."""
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        raise AssertionError("a test-client shell sends its requests through its ClientFront")
+
+
+def client_front(shell: str, store: Any, world: World, **options: Any) -> ClientFront:
+    """The front of a test-client shell (imported on first use: each needs its framework)."""
+    if shell == "flask":
+        from .flask_front import FlaskFront
+
+        return FlaskFront(store, world, **options)
+    raise ValueError(f"unknown shell {shell!r}")
+
+
 # -- one front, one sync API ---------------------------------------------------------------------
 
 
@@ -336,8 +390,9 @@ class Service:
     """One instance of the orders app behind one shell and one store.
 
     Args:
-        shell: ``"asgi"`` or ``"wsgi"``.
-        store: the store (async for ASGI, sync for WSGI), owned (closed) by the service.
+        shell: ``"asgi"``, ``"wsgi"`` or a test-client shell of :func:`client_front`.
+        store: the store (async for :data:`ASYNC_SHELLS`, sync otherwise), owned (closed) by
+            the service.
         world: the effects it shares with other instances.
         **options: fields of :class:`retrysafe.IdempotencyConfig`.
     """
@@ -347,6 +402,7 @@ class Service:
         self.store = store
         self.world = world
         self.loop: asyncio.AbstractEventLoop | None = None
+        self.front: ClientFront | None = None
         if shell == "asgi":
             self.middleware: Any = retrysafe.asgi.IdempotencyMiddleware(
                 asgi_app(world), store=store, **options
@@ -356,13 +412,19 @@ class Service:
             self.thread.start()
             transport = httpx.ASGITransport(app=self.middleware, raise_app_exceptions=False)
             self.async_client = httpx.AsyncClient(transport=transport, base_url="http://test")
-        else:
+        elif shell == "wsgi":
             self.middleware = retrysafe.wsgi.IdempotencyMiddleware(
                 wsgi_app(world), store=store, **options
             )
             self.client = httpx.Client(
                 transport=ServerTransport(self.middleware), base_url="http://test"
             )
+        else:
+            self.front = client_front(shell, store, world, **options)
+            self.middleware = self.front.middleware
+            # Builds the requests only (the same header set as on the other shells): the
+            # framework's test client sends them.
+            self.client = httpx.Client(transport=_BuildOnly(), base_url="http://test")
 
     def _run(self, coro: Any) -> Any:
         assert self.loop is not None
@@ -400,6 +462,8 @@ class Service:
         request = self.build(path, **kwargs)
         if self.shell == "asgi":
             return self._run(self.async_client.send(request))  # type: ignore[no-any-return]
+        if self.front is not None:
+            return self.front.send(request)
         return self.client.send(request)
 
     def background(self, path: str = "/orders", **kwargs: Any) -> Pending:
@@ -409,10 +473,14 @@ class Service:
     def abandon(self, path: str = "/orders", *, after: int, **kwargs: Any) -> None:
         """Send a request whose client goes away mid-response, after ``after`` parts of it
         reached the client (ASGI: messages sent before send fails, the server reporting the
-        disconnect; WSGI: chunks read before the server calls ``close()`` on the iterable)."""
+        disconnect; WSGI: chunks read before the server calls ``close()`` on the iterable; a
+        test-client shell: body parts read before the test client's response is closed)."""
         request = self.build(path, **kwargs)
         if self.shell == "asgi":
             self._run(self._abandon_asgi(request, after))
+            return
+        if self.front is not None:
+            self.front.abandon(request, after)
             return
         environ = wsgi_environ(request)
         result = self.middleware(environ, lambda status, headers, exc_info=None: None)
@@ -458,6 +526,8 @@ class Service:
     def close(self) -> None:
         """Close the client and the store; stop the event loop."""
         if self.loop is None:
+            if self.front is not None:
+                self.front.close()
             self.client.close()
             self.store.close()
             return

@@ -1,6 +1,7 @@
-"""One flow for every front: an app served by the ASGI and the WSGI shell at once over one store
-(a mixed fleet, a migration from one framework to another) keeps one record per request, and
-a ``scope_resolver`` sees the same neutral request on both."""
+"""One flow for every front: an app served by the ASGI shell and a sync one (the WSGI shell, or
+Flask under ``retrysafe.contrib.flask``) at once over one store (a mixed fleet, a migration from
+one framework to another) keeps one record per request, and a ``scope_resolver`` sees the same
+neutral request on both."""
 
 from __future__ import annotations
 
@@ -15,16 +16,20 @@ from .harness import REPLAYED, Service, World
 
 ORDER = {"item": "book", "quantity": 2}
 
-# The backend fixture builds the ASGI face; the WSGI face is opened over the same data.
-pytestmark = pytest.mark.parametrize("shell", [pytest.param("asgi", id="asgi+wsgi")])
+# The backend fixture builds the ASGI face; the other face (``other``) is opened over the same
+# data with the backend's sync store.
+pytestmark = pytest.mark.parametrize(
+    ("shell", "other"),
+    [pytest.param("asgi", "wsgi", id="asgi+wsgi"), pytest.param("asgi", "flask", id="asgi+flask")],
+)
 
 
 @pytest.fixture
 def fronts(
-    backend: Backend, make_service: ServiceFactory, world: World
+    backend: Backend, make_service: ServiceFactory, world: World, other: str
 ) -> Iterator[tuple[Service, Service]]:
     asgi = make_service()
-    wsgi = Service("wsgi", backend.wsgi_store(), world)
+    wsgi = Service(other, backend.wsgi_store(), world)
     yield asgi, wsgi
     wsgi.close()
 
@@ -71,7 +76,7 @@ def test_a_running_request_on_one_front_is_a_409_on_the_other(
 
 
 def test_scope_resolver_sees_the_same_neutral_request_on_both_fronts(
-    backend: Backend, make_service: ServiceFactory, world: World
+    backend: Backend, make_service: ServiceFactory, world: World, other: str
 ) -> None:
     seen: dict[str, retrysafe.Request] = {}
 
@@ -80,7 +85,7 @@ def test_scope_resolver_sees_the_same_neutral_request_on_both_fronts(
         return ""
 
     asgi = make_service(scope_resolver=resolver)
-    wsgi = Service("wsgi", backend.wsgi_store(), world, scope_resolver=resolver)
+    wsgi = Service(other, backend.wsgi_store(), world, scope_resolver=resolver)
     try:
         path = "/orders/caf%C3%A9"
         query = {"q": "1"}
@@ -89,7 +94,7 @@ def test_scope_resolver_sees_the_same_neutral_request_on_both_fronts(
             front.post(path, key="k1", json=ORDER, params=query, headers=headers)
     finally:
         wsgi.close()
-    a, w = seen["asgi"], seen["wsgi"]
+    a, w = seen["asgi"], seen[other]
     assert (a.method, a.path, a.query) == ("POST", "/orders/café", b"q=1")
     names = ("method", "path", "query", "keys", "content_length", "content_type")
     differ = {n: (getattr(a, n), getattr(w, n)) for n in (*names, "authorization", "user")}

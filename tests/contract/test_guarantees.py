@@ -124,11 +124,12 @@ def test_response_is_stored_when_the_client_goes_away_and_the_retry_replays_it(
     assert world["/orders"] == 1
 
 
-@pytest.mark.parametrize("shell", ["wsgi"])
+@pytest.mark.parametrize("shell", ["wsgi", "flask"])
 def test_wsgi_app_iterable_is_closed_once_also_when_the_server_stops_early(
     svc: Service, world: World
 ) -> None:
-    # PEP 3333: the middleware calls close() on the app's iterable, whoever stops reading.
+    # PEP 3333: the middleware calls close() on the app's iterable, whoever stops reading (on
+    # Flask: the view's response iterable, through Werkzeug's response and the test client).
     svc.post(key="k1", json=ORDER, params={"chunks": "3"})
     svc.abandon(key="k2", json=ORDER, params={"chunks": "3"}, after=1)
     svc.abandon(key="k3", json=ORDER, params={"chunks": "3"}, after=0)

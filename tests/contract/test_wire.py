@@ -10,7 +10,7 @@ import pytest
 
 from ..e2e.servers import free_port
 from .conftest import ServiceFactory
-from .harness import REPLAYED, Service, World, problem_type
+from .harness import ASYNC_SHELLS, REPLAYED, Service, World, problem_type
 
 ORDER = {"item": "book", "quantity": 2}
 SAME_HEADERS = ("location", "content-type", "etag", "x-custom", "cache-control", "content-length")
@@ -308,17 +308,17 @@ def _unreachable(kind: str, shell: str, tmp_path: Path) -> Any:
         from retrysafe.stores import AsyncSQLiteStore, SQLiteStore
 
         path = tmp_path / "not-a-folder" / "store.db"
-        return AsyncSQLiteStore(path) if shell == "asgi" else SQLiteStore(path)
+        return AsyncSQLiteStore(path) if shell in ASYNC_SHELLS else SQLiteStore(path)
     port = free_port()
     if kind == "postgres":
         from retrysafe.stores.postgres import AsyncPostgresStore, PostgresStore
 
         url = f"postgresql://postgres@127.0.0.1:{port}/test?connect_timeout=1&pool_timeout=1"
-        return AsyncPostgresStore(url) if shell == "asgi" else PostgresStore(url)
+        return AsyncPostgresStore(url) if shell in ASYNC_SHELLS else PostgresStore(url)
     from retrysafe.stores.redis import AsyncRedisStore, RedisStore
 
     url = f"redis://127.0.0.1:{port}/0?connect_timeout=0.5&timeout=0.5"
-    return AsyncRedisStore(url) if shell == "asgi" else RedisStore(url)
+    return AsyncRedisStore(url) if shell in ASYNC_SHELLS else RedisStore(url)
 
 
 DOWN = ["sqlite", "postgres", "redis"]
@@ -421,7 +421,7 @@ def test_store_that_stops_answering_mid_request_still_delivers_the_response_and_
     assert server.proc is not None
     url = f"{server.url}?timeout=0.3&connect_timeout=0.3"
     world = World()
-    store = AsyncRedisStore(url) if shell == "asgi" else RedisStore(url)
+    store = AsyncRedisStore(url) if shell in ASYNC_SHELLS else RedisStore(url)
     events: list[str] = []
     svc = Service(shell, store, world, store_retry_after=2, on_event=lambda e, d: events.append(e))
     try:

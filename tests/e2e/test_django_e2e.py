@@ -97,21 +97,25 @@ def test_sigkill_mid_request_then_retry_gives_one_order(
     lease = 1.5
     server = django_demo(store_url, lease=lease, workers=2)
     failures: list[Exception] = []
+    deadline = time.monotonic() + 10
 
     def send() -> None:
-        try:
-            httpx.post(
-                server.url + "/orders?delay_ms=20000",
-                content=ORDER,
-                headers=_key("killed"),
-                timeout=30,
-            )
-        except httpx.TransportError as exc:
-            failures.append(exc)
+        while time.monotonic() < deadline:
+            try:
+                answer = httpx.post(
+                    server.url + "/orders?delay_ms=20000",
+                    content=ORDER,
+                    headers=_key("killed"),
+                    timeout=30,
+                )
+            except httpx.TransportError as exc:
+                failures.append(exc)
+                return
+            # A probe held the key at that moment (422, a different request): send again.
+            assert answer.status_code == 422, answer.status_code
 
     client = threading.Thread(target=send)
     client.start()
-    deadline = time.monotonic() + 10
     while True:
         # Wait until the key is held: another request under it is then a mismatch (422). Should
         # the probe come first, it fails at once (?fail=1: 500, nothing written, key released).
