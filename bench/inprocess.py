@@ -196,6 +196,9 @@ def measure(requests: int, repeat: int) -> dict[str, float]:
         "wsgi memory, replay": lambda: _wsgi_cpu_us(
             WSGIMiddleware(_wsgi_endpoint, store=MemoryStore()), same_key, requests
         ),
+        "wsgi memory, no key": lambda: _wsgi_cpu_us(
+            WSGIMiddleware(_wsgi_endpoint, store=MemoryStore()), no_key, requests
+        ),
         "wsgi do-nothing store, new key": lambda: _wsgi_cpu_us(
             WSGIMiddleware(_wsgi_endpoint, store=NullStore()), new_key, requests
         ),

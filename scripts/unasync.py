@@ -36,6 +36,7 @@ RULES: list[tuple[str, str]] = [
     ),
     (r"\bAwaitable, Callable, Generator\b", "Callable, Generator"),
     (r"Callable\[\[bool\], Awaitable\[None\]\]", "Callable[[bool], None]"),
+    (r"-> Awaitable\[(.+)\]:", r"-> \1:"),
     (r"\bAsyncLeaseKeeper\b", "LeaseKeeper"),
     (r"\bAsyncRunner\b", "Runner"),
     (r"\bAsyncExchange\b", "Exchange"),

@@ -30,17 +30,15 @@ Receive = Callable[[], Awaitable[Any]]
 Send = Callable[[Any], Awaitable[None]]
 ASGIApp = Callable[[Any, Receive, Send], Awaitable[None]]
 
-logger = logging.getLogger("retrysafe")
-
 #: Handlers that outlive their cancelled request; kept here so they are not garbage-collected.
 _detached: set[asyncio.Future[None]] = set()
 
 
 def _forget(task: asyncio.Future[None]) -> None:
     _detached.discard(task)
-    if not task.cancelled() and task.exception() is not None:
+    if not task.cancelled() and (error := task.exception()) is not None:
         # The key was released; the client that could see the error is gone.
-        logger.error("handler of a cancelled request failed", exc_info=task.exception())
+        logging.getLogger("retrysafe").error("detached handler failed", exc_info=error)
 
 
 class _RequestTooLarge(Exception):
@@ -105,14 +103,18 @@ class IdempotencyMiddleware:
             await self.app(scope, receive, send)
             return
         config = self._routes.config(scope, self.config)
-        if config is None:  # the route opted out
+        if config is not None and not config.required:
+            for name, _ in scope["headers"]:  # no key on a route where it is optional: pass,
+                if name == b"idempotency-key":  # before any set-up (the common case)
+                    break
+            else:
+                config = None
+        if config is None:  # the route opted out, or no key to protect
             await self.app(scope, receive, send)
             return
         request = request_from_scope(scope)
         admitted = admit(request, config)
-        if admitted is None:
-            await self.app(scope, receive, send)
-            return
+        assert admitted is not None  # no key where it is optional passed through above
         if not isinstance(admitted, Answer):
             try:
                 body = await _read_body(receive, config.max_body_size)
@@ -184,17 +186,14 @@ class _Execution:
         send: Send,
         body: bytes,
     ) -> None:
-        self.app = app
+        self.app, self.exchange, self.scope, self.receive, self.send = (
+            app, exchange, scope, receive, send
+        )  # fmt: skip
         self.body: bytes | None = body
-        self.exchange = exchange
-        self.scope = scope
-        self.receive = receive
-        self.send = send
         self.status = 0
         self.headers: list[tuple[bytes, bytes]] = []
         self.capture = Capture(exchange.flow.config.max_stored_body_size)
-        self.settled = False
-        self.client_gone = False
+        self.settled = self.client_gone = False
         # Transactional mode: nothing leaves before the commit, which may still fail.
         self.held: list[Message] | None = [] if exchange.flow.holds_response else None
         scope[CONTEXT_SCOPE_KEY] = exchange

@@ -124,6 +124,8 @@ class IdempotencyMiddleware:
             if routed is None:  # the route opted out
                 return self.app(environ, start_response)
             config = routed
+        if not config.required and "HTTP_IDEMPOTENCY_KEY" not in environ:
+            return self.app(environ, start_response)  # no key where it is optional: no set-up
         request = request_from_environ(environ)
         admitted = admit(request, config)
         if admitted is None:

@@ -85,9 +85,9 @@ class AsyncExchange:
 
     # -- what a shell calls, in order --------------------------------------------------------
 
-    async def claim(self) -> str | Answer:
-        """See :meth:`Flow.claim`."""
-        return await self._drive(self.flow.claim())
+    def claim(self) -> Awaitable[str | Answer]:
+        """See :meth:`Flow.claim` (the drive itself: no wrapper coroutine on the hot path)."""
+        return self._drive(self.flow.claim())
 
     def start(self) -> None:
         """The handler starts: renew its lease until it settles."""

@@ -87,7 +87,7 @@ class Exchange:
     # -- what a shell calls, in order --------------------------------------------------------
 
     def claim(self) -> str | Answer:
-        """See :meth:`Flow.claim`."""
+        """See :meth:`Flow.claim` (the drive itself: no wrapper coroutine on the hot path)."""
         return self._drive(self.flow.claim())
 
     def start(self) -> None:
