@@ -20,15 +20,12 @@ from .._routes import idempotent
 from .._transaction import mark_committed, transaction
 from ..asgi import IdempotencyMiddleware
 from ..stores import resolve_async_store
+from ._contract import DemoFailure, InvalidRecord, knob_ms, parse_record
 from .db import DatabaseUnavailable, OrderDB, open_db
 
 __all__ = ["DEFAULT_STORE", "create_app", "default_db_url"]
 
 DEFAULT_STORE = "sqlite:///./retrysafe-demo.db"
-
-
-class DemoFailure(Exception):
-    """Raised by the ``?fail=1`` knob: the handler fails after doing nothing."""
 
 
 def default_db_url(store_url: str) -> str:
@@ -84,28 +81,16 @@ def _owner(request: Request) -> str:
 
 
 def _int_param(request: Request, name: str) -> int:
-    raw = request.query_params.get(name, "0")
-    try:
-        return max(0, min(int(raw), 600_000))
-    except ValueError:
-        return 0
+    return knob_ms(request.query_params.get(name))
 
 
 async def _create(
     request: Request, kind: str, fields: dict[str, type], db: OrderDB, transactional: bool
 ) -> Response:
     try:
-        data = json.loads(await request.body())
-    except (ValueError, RecursionError):
-        return _problem(400, "Body is not JSON", "Send a JSON object.")
-    if not isinstance(data, dict):
-        return _problem(422, "Invalid " + kind[:-1], "The body must be a JSON object.")
-    values: dict[str, Any] = {}
-    for name, typ in fields.items():
-        value = data.get(name)
-        if not isinstance(value, typ) or isinstance(value, bool):
-            return _problem(422, "Invalid " + kind[:-1], f"{name!r} must be {typ.__name__}.")
-        values[name] = value
+        values = parse_record(await request.body(), kind, fields)
+    except InvalidRecord as bad:
+        return _problem(bad.status, bad.title, bad.detail)
     delay_ms = _int_param(request, "delay_ms")
     if delay_ms:
         await asyncio.sleep(delay_ms / 1000)

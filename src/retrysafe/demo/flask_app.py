@@ -26,14 +26,11 @@ from werkzeug.exceptions import HTTPException
 from .._errors import ConfigurationError
 from ..contrib.flask import Idempotency, idempotent, mark_committed, transaction
 from ..stores.sqlite import parse_sqlite_url
+from ._contract import DemoFailure, InvalidRecord, knob_ms, parse_record
 from .app import DEFAULT_STORE, default_db_url, same_database
 from .db import _COLUMNS, _POSTGRES_SCHEMA, _SQLITE_SCHEMA, _insert_sql, _select_sql
 
 __all__ = ["SyncOrderDB", "create_app", "serve"]
-
-
-class DemoFailure(Exception):
-    """Raised by the ``?fail=1`` knob: the handler fails after doing nothing."""
 
 
 class SyncOrderDB:
@@ -186,25 +183,14 @@ def _owner() -> str:
 
 
 def _int_param(name: str) -> int:
-    try:
-        return max(0, min(int(request.args.get(name, "0")), 600_000))
-    except ValueError:
-        return 0
+    return knob_ms(request.args.get(name))
 
 
 def _create(kind: str, fields: dict[str, type], db: SyncOrderDB, transactional: bool) -> Response:
     try:
-        data = json.loads(request.get_data())
-    except (ValueError, RecursionError):
-        return _problem(400, "Body is not JSON", "Send a JSON object.")
-    if not isinstance(data, dict):
-        return _problem(422, "Invalid " + kind[:-1], "The body must be a JSON object.")
-    values: dict[str, Any] = {}
-    for name, typ in fields.items():
-        value = data.get(name)
-        if not isinstance(value, typ) or isinstance(value, bool):
-            return _problem(422, "Invalid " + kind[:-1], f"{name!r} must be {typ.__name__}.")
-        values[name] = value
+        values = parse_record(request.get_data(), kind, fields)
+    except InvalidRecord as bad:
+        return _problem(bad.status, bad.title, bad.detail)
     delay_ms = _int_param("delay_ms")
     if delay_ms:
         time.sleep(delay_ms / 1000)

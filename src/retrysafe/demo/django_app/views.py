@@ -15,15 +15,12 @@ from django.views.decorators.http import require_http_methods
 
 from ...contrib.django import idempotent
 from ...contrib.django.middleware import mark_committed
+from .._contract import DemoFailure, InvalidRecord, knob_ms, parse_record
 from .models import Order, Payment
 
 __all__ = ["index", "order_detail", "orders", "payment_detail", "payments", "reset"]
 
 _PAGE = resources.files("retrysafe.demo").joinpath("static", "index.html").read_bytes()
-
-
-class DemoFailure(Exception):
-    """Raised by the ``?fail=1`` knob: the view fails after doing nothing."""
 
 
 def _problem(status: int, title: str, detail: str) -> HttpResponse:
@@ -38,25 +35,14 @@ def _owner(request: HttpRequest) -> str:
 
 
 def _int_param(request: HttpRequest, name: str) -> int:
-    try:
-        return max(0, min(int(request.GET.get(name, "0")), 600_000))
-    except ValueError:
-        return 0
+    return knob_ms(request.GET.get(name))
 
 
 def _create(request: HttpRequest, model: Any, kind: str, fields: dict[str, type]) -> HttpResponse:
     try:
-        data = json.loads(request.body)
-    except (ValueError, RecursionError):
-        return _problem(400, "Body is not JSON", "Send a JSON object.")
-    if not isinstance(data, dict):
-        return _problem(422, "Invalid " + kind[:-1], "The body must be a JSON object.")
-    values: dict[str, Any] = {}
-    for name, typ in fields.items():
-        value = data.get(name)
-        if not isinstance(value, typ) or isinstance(value, bool):
-            return _problem(422, "Invalid " + kind[:-1], f"{name!r} must be {typ.__name__}.")
-        values[name] = value
+        values = parse_record(request.body, kind, fields)
+    except InvalidRecord as bad:
+        return _problem(bad.status, bad.title, bad.detail)
     delay_ms = _int_param(request, "delay_ms")
     if delay_ms:
         time.sleep(delay_ms / 1000)
