@@ -434,18 +434,11 @@ class AsyncSQLiteStore(InlineAsyncStore):
         self.sync.close()
 
 
-class AsyncSQLiteTransaction:
-    """A request's SQLite transaction: ``BEGIN IMMEDIATE`` on first use (so the handler's writes
-    never wait on a lock mid-way), the fenced completion written and committed in it.
+class _Transaction:
+    """What both faces of a request's SQLite transaction share: its connection once begun, the
+    fenced completion committed with the handler's writes, the rollback."""
 
-    Args:
-        store: the store whose file holds both the records and the application's tables.
-    """
-
-    def __init__(self, store: AsyncSQLiteStore) -> None:
-        self._store = store
-        self._conn: sqlite3.Connection | None = None
-        self._lock = asyncio.Lock()  # two concurrent first calls must share one transaction
+    _conn: sqlite3.Connection | None
 
     @property
     def begun(self) -> bool:
@@ -456,6 +449,47 @@ class AsyncSQLiteTransaction:
     def broken(self) -> bool:
         """Always ``False``: a local file connection does not die under a running request."""
         return False
+
+    @staticmethod
+    def _execute(conn: sqlite3.Connection, sql: str) -> None:
+        try:
+            conn.execute(sql)
+        except sqlite3.Error as exc:
+            raise _store_error(sql.lower(), exc) from exc
+
+    @classmethod
+    def _commit_completion(
+        cls,
+        store: SQLiteStore,
+        conn: sqlite3.Connection,
+        record_id: str,
+        token: str,
+        response: bytes,
+        ttl: float,
+    ) -> bool:
+        if not store.complete(record_id, token, response, ttl=ttl, conn=conn):
+            cls._execute(conn, "ROLLBACK")  # fenced out: nothing of this request commits
+            return False
+        cls._execute(conn, "COMMIT")
+        return True
+
+    def _rollback(self) -> None:
+        if self._conn is not None and self._conn.in_transaction:
+            self._execute(self._conn, "ROLLBACK")
+
+
+class AsyncSQLiteTransaction(_Transaction):
+    """A request's SQLite transaction: ``BEGIN IMMEDIATE`` on first use (so the handler's writes
+    never wait on a lock mid-way), the fenced completion written and committed in it.
+
+    Args:
+        store: the store whose file holds both the records and the application's tables.
+    """
+
+    def __init__(self, store: AsyncSQLiteStore) -> None:
+        self._store = store
+        self._conn = None
+        self._lock = asyncio.Lock()  # two concurrent first calls must share one transaction
 
     async def connection(self) -> sqlite3.Connection:
         """Begin (waiting for the write lock without blocking the loop) and return the
@@ -471,27 +505,15 @@ class AsyncSQLiteTransaction:
                 self._conn = conn
             return self._conn
 
-    @staticmethod
-    def _execute(conn: sqlite3.Connection, sql: str) -> None:
-        try:
-            conn.execute(sql)
-        except sqlite3.Error as exc:
-            raise _store_error(sql.lower(), exc) from exc
-
     async def complete(self, record_id: str, token: str, response: bytes, *, ttl: float) -> bool:
         """Write the completion in the transaction and commit; ``False`` (rolled back) when
         fenced out."""
         conn = await self.connection()
-        if not self._store.sync.complete(record_id, token, response, ttl=ttl, conn=conn):
-            self._execute(conn, "ROLLBACK")
-            return False
-        self._execute(conn, "COMMIT")
-        return True
+        return self._commit_completion(self._store.sync, conn, record_id, token, response, ttl)
 
     async def rollback(self) -> None:
         """Undo the handler's writes."""
-        if self._conn is not None and self._conn.in_transaction:
-            self._execute(self._conn, "ROLLBACK")
+        self._rollback()
 
     async def close(self) -> None:
         """Return the connection to the idle list."""
@@ -500,7 +522,7 @@ class AsyncSQLiteTransaction:
             self._store._checkin(conn)
 
 
-class SQLiteTransaction:
+class SQLiteTransaction(_Transaction):
     """The sync twin of :class:`AsyncSQLiteTransaction` (WSGI): ``BEGIN IMMEDIATE`` on first use
     on a connection of its own, waiting for another writer's lock up to the store's
     ``busy_timeout`` (a blocking wait is right here: the request has its own thread).
@@ -511,18 +533,8 @@ class SQLiteTransaction:
 
     def __init__(self, store: SQLiteStore) -> None:
         self._store = store
-        self._conn: sqlite3.Connection | None = None
+        self._conn = None
         self._lock = threading.Lock()  # two concurrent first calls must share one transaction
-
-    @property
-    def begun(self) -> bool:
-        """Whether the transaction is open."""
-        return self._conn is not None
-
-    @property
-    def broken(self) -> bool:
-        """Always ``False``: a local file connection does not die under a running request."""
-        return False
 
     def connection(self) -> sqlite3.Connection:
         """Begin the transaction if needed and return its connection."""
@@ -530,7 +542,7 @@ class SQLiteTransaction:
             if self._conn is None:
                 conn = self._store.open_connection()
                 try:
-                    AsyncSQLiteTransaction._execute(conn, "BEGIN IMMEDIATE")
+                    self._execute(conn, "BEGIN IMMEDIATE")
                 except BaseException:
                     self._store.forget_connection(conn)
                     raise
@@ -541,16 +553,11 @@ class SQLiteTransaction:
         """Write the completion in the transaction and commit; ``False`` (rolled back) when
         fenced out."""
         conn = self.connection()
-        if not self._store.complete(record_id, token, response, ttl=ttl, conn=conn):
-            AsyncSQLiteTransaction._execute(conn, "ROLLBACK")
-            return False
-        AsyncSQLiteTransaction._execute(conn, "COMMIT")
-        return True
+        return self._commit_completion(self._store, conn, record_id, token, response, ttl)
 
     def rollback(self) -> None:
         """Undo the handler's writes."""
-        if self._conn is not None and self._conn.in_transaction:
-            AsyncSQLiteTransaction._execute(self._conn, "ROLLBACK")
+        self._rollback()
 
     def close(self) -> None:
         """Roll back anything not committed and close the connection."""
