@@ -171,6 +171,13 @@ def _to_response(answer: Answer) -> HttpResponse:
     return response
 
 
+def _added(response: Any, exchange: Any) -> Any:
+    """The view's response with the headers the flow adds to it (e.g. the retention header)."""
+    for name, value in exchange.flow.added_headers:
+        response[name.decode("latin-1")] = value.decode("latin-1")
+    return response
+
+
 def _head(response: HttpResponseBase) -> tuple[int, list[tuple[bytes, bytes]]]:
     headers = [
         (name.lower().encode("latin-1"), value.encode("latin-1"))
@@ -408,7 +415,7 @@ class IdempotencyMiddleware:
             answer = exchange.settle(status, headers, capture.body, capture.omitted)
         finally:
             exchange.end()
-        return response if answer is None else _to_response(answer)
+        return _added(response, exchange) if answer is None else _to_response(answer)
 
     async def __acall__(self, request: HttpRequest) -> Any:
         try:
@@ -449,4 +456,4 @@ class IdempotencyMiddleware:
             answer = await exchange.settle(status, headers, capture.body, capture.omitted)
         finally:
             await exchange.end()
-        return response if answer is None else _to_response(answer)
+        return _added(response, exchange) if answer is None else _to_response(answer)
