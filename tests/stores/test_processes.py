@@ -28,6 +28,9 @@ def _contend(url: str, key: str, start_at: float, out: mp.Queue[tuple[int, int]]
                 *(store.reserve(key, "fp", lease=30.0, ttl=60.0) for _ in range(TASKS)),
                 return_exceptions=True,
             )
+            # Stay alive until every contender has reserved: a process that ended while holding
+            # the key is a dead owner, and the stores take a dead owner's key over at once.
+            await asyncio.sleep(max(0.0, start_at + 5.0 - time.time()))
         finally:
             await store.aclose()
         errors = sum(isinstance(r, BaseException) for r in results)
