@@ -95,11 +95,23 @@ def owners() -> Iterator[list[Owner]]:
         owner.close()
 
 
-SHARED = ["sqlite", "postgres", "redis"]
+SHARED = ["sqlite", "postgres", "redis", "redis-cluster"]
 
 
 def _key() -> str:
     return f"live-{uuid.uuid4().hex}"
+
+
+#: Redis heartbeat TTL in these tests (the default is 5 s; shorter keeps the suite fast).
+HEARTBEAT = 2.0
+
+
+def _url(backend: Backend) -> str:
+    """The backend's URL; Redis with a short heartbeat TTL."""
+    assert backend.url is not None
+    if backend.id.startswith("redis"):
+        return f"{backend.url}&heartbeat={HEARTBEAT}"
+    return backend.url
 
 
 async def _reserve_until(url: str, key: str, within: float) -> tuple[bool, float]:
@@ -122,11 +134,11 @@ async def _reserve_until(url: str, key: str, within: float) -> tuple[bool, float
 async def test_key_of_a_killed_owner_is_taken_over_at_once(
     backend: Backend, owners: list[Owner], face: str
 ) -> None:
-    assert backend.url is not None
+    url = _url(backend)
     key = _key()
-    owner = Owner(backend.url, key, face=face)
+    owner = Owner(url, key, face=face)
     owners.append(owner)
-    store = async_store_from_url(backend.url)
+    store = async_store_from_url(url)
     try:
         held = await store.reserve(key, "fp", lease=LEASE, ttl=600.0)
         assert not held.acquired  # alive: the key is its
@@ -136,18 +148,18 @@ async def test_key_of_a_killed_owner_is_taken_over_at_once(
     owner.kill()
     # Redis learns of the death when the owner's heartbeat key lapses (its TTL); the others at
     # once. Either way far below the 30 s lease.
-    acquired, _ = await _reserve_until(backend.url, key, within=8.0)
+    acquired, _ = await _reserve_until(url, key, within=8.0)
     assert acquired
 
 
 @pytest.mark.parametrize("backend", SHARED, indirect=True)
 def test_sync_store_takes_over_a_killed_owners_key(backend: Backend, owners: list[Owner]) -> None:
-    assert backend.url is not None
+    url = _url(backend)
     key = _key()
-    owner = Owner(backend.url, key)
+    owner = Owner(url, key)
     owners.append(owner)
     owner.kill()
-    store = store_from_url(backend.url)
+    store = store_from_url(url)
     try:
         deadline = time.monotonic() + 8.0
         while not (got := store.reserve(key, "fp", lease=LEASE, ttl=600.0)).acquired:
@@ -165,12 +177,12 @@ def test_sync_store_takes_over_a_killed_owners_key(backend: Backend, owners: lis
 async def test_committed_record_of_a_killed_owner_is_outcome_unknown(
     backend: Backend, owners: list[Owner]
 ) -> None:
-    assert backend.url is not None
+    url = _url(backend)
     key = _key()
-    owner = Owner(backend.url, key, mode="commit")
+    owner = Owner(url, key, mode="commit")
     owners.append(owner)
     owner.kill()
-    store = async_store_from_url(backend.url)
+    store = async_store_from_url(url)
     try:
         deadline = time.monotonic() + 8.0
         while True:
@@ -187,18 +199,20 @@ async def test_committed_record_of_a_killed_owner_is_outcome_unknown(
 
 @pytest.mark.parametrize("backend", SHARED, indirect=True)
 async def test_paused_owner_keeps_its_key(backend: Backend, owners: list[Owner]) -> None:
-    """SIGSTOP for 3 s (less than the lease, and less than Redis's heartbeat TTL): alive."""
-    assert backend.url is not None
+    """SIGSTOP for 3 s (less than the lease), 1.2 s on Redis (less than its heartbeat TTL; a
+    longer pause there looks like death, as the README says): alive."""
+    url = _url(backend)
     key = _key()
-    owner = Owner(backend.url, key)
+    owner = Owner(url, key)
     owners.append(owner)
     owner.proc.send_signal(signal.SIGSTOP)
     try:
-        acquired, _ = await _reserve_until(backend.url, key, within=3.0)
+        pause = HEARTBEAT * 0.6 if backend.id.startswith("redis") else 3.0
+        acquired, _ = await _reserve_until(url, key, within=pause)
         assert not acquired
     finally:
         owner.proc.send_signal(signal.SIGCONT)
-    acquired, _ = await _reserve_until(backend.url, key, within=0.5)
+    acquired, _ = await _reserve_until(url, key, within=0.5)
     assert not acquired
 
 
