@@ -57,6 +57,7 @@ class RedisClusterProcs:
         self.server, self.cli = binaries
         self.workdir = workdir
         self.count = masters * (1 + replicas)
+        self.masters = masters
         self.replicas = replicas
         self.extra = extra
         self.password: str | None = None
@@ -122,6 +123,9 @@ class RedisClusterProcs:
                 # A 2 s node timeout makes a failed master's replica take over in seconds.
                 *("--cluster-node-timeout", "2000", "--dir", str(self.workdir)),
                 *("--appendonly", "no", "--protected-mode", "no"),
+                # Replicas sync at once (the default waits 5 s for more replicas to share one
+                # diskless transfer): a failover before a replica has synced loses data.
+                *("--repl-diskless-sync-delay", "0"),
                 *(("--masterauth", self.password) if self.password else ()),
                 *self.extra,
             ],
@@ -139,19 +143,32 @@ class RedisClusterProcs:
         raise RuntimeError(f"cluster node {port} did not start")
 
     def wait_ok(self, timeout: float = 30.0) -> None:
-        """Wait until every node says ``cluster_state:ok`` and sees every slot assigned."""
+        """Wait until every node says ``cluster_state:ok`` and sees every slot assigned, and
+        every master has its replicas, each with its replication link up."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             infos = [self.call(port, "cluster", "info") for port in self.ports]
-            if all(
-                "cluster_state:ok" in info and "cluster_slots_ok:16384" in info for info in infos
+            roles = self.masters_and_replicas()
+            if (
+                all(
+                    "cluster_state:ok" in info and "cluster_slots_ok:16384" in info
+                    for info in infos
+                )
+                and len(roles) == self.masters
+                and all(len(replicas) == self.replicas for replicas in roles.values())
+                and all(
+                    "master_link_status:up" in self.call(replica, "info", "replication")
+                    for replicas in roles.values()
+                    for replica in replicas
+                )
             ):
                 return
             time.sleep(0.1)
         raise RuntimeError("the test cluster did not become ok")
 
     def masters_and_replicas(self) -> dict[int, list[int]]:
-        """Master port -> its replicas' ports, as the cluster sees it now."""
+        """Master port (of masters serving slots) -> its replicas' ports, as the first node
+        sees the cluster now."""
         lines = self.call(self.ports[0], "cluster", "nodes").splitlines()
         by_id: dict[str, int] = {}
         rows = []
@@ -162,11 +179,12 @@ class RedisClusterProcs:
             rows.append((fields, port))
         result: dict[int, list[int]] = {}
         for fields, port in rows:
-            if "master" in fields[2] and "fail" not in fields[2]:
+            if "master" in fields[2] and "fail" not in fields[2] and len(fields) > 8:
                 result.setdefault(port, [])
         for fields, port in rows:
-            if "slave" in fields[2] and fields[3] in by_id:
-                result.setdefault(by_id[fields[3]], []).append(port)
+            master = by_id.get(fields[3])
+            if "slave" in fields[2] and "fail" not in fields[2] and master in result:
+                result[master].append(port)
         return result
 
     def stop(self) -> None:

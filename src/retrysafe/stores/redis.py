@@ -46,7 +46,7 @@ from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 import redis as redis_py
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, RedisError
+from redis.exceptions import NoScriptError, RedisClusterException, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
@@ -67,6 +67,10 @@ _BEATS_PER_TTL = 5
 _RESERVE_ATTEMPTS = 50
 T = TypeVar("T")
 logger = logging.getLogger("retrysafe.stores.redis")
+
+# What redis-py raises: its errors, socket errors, and the cluster client's own (which is not a
+# RedisError: "cannot be connected", no slot map...).
+_CLIENT_ERRORS = (RedisError, OSError, RedisClusterException)
 
 # Error replies that mean "the server cannot serve right now", not "the command is wrong".
 _UNAVAILABLE_REPLIES = ("LOADING", "BUSY", "MASTERDOWN", "READONLY", "CLUSTERDOWN", "TRYAGAIN")
@@ -317,7 +321,7 @@ class _Heartbeat:
             return False
         try:
             client.set(key, b"1", px=ttl_ms)
-        except (RedisError, OSError) as exc:
+        except _CLIENT_ERRORS as exc:
             self.retry_at = at + 5.0
             logger.warning("owner liveness off for now (heartbeat failed): %s", exc)
             return False
@@ -333,7 +337,7 @@ class _Heartbeat:
                 at = time.monotonic()
                 try:
                     client.set(key, b"1", px=_ms(self.ttl))
-                except (RedisError, OSError) as exc:
+                except _CLIENT_ERRORS as exc:
                     logger.warning("Redis heartbeat failed: %s", exc)
                     continue
                 if self.instance == instance:
@@ -356,9 +360,9 @@ def _reply_error(exc: Exception, call: _Call[Any]) -> StoreError:
     return StoreError(message, store=_STORE)
 
 
-def _redis_py_error(exc: RedisError | OSError, call: _Call[Any]) -> StoreError:
+def _redis_py_error(exc: Exception, call: _Call[Any]) -> StoreError:
     message = f"Redis {call.script.name} failed: {type(exc).__name__}: {exc}"
-    if isinstance(exc, RedisConnectionError | RedisTimeoutError | OSError):
+    if isinstance(exc, RedisConnectionError | RedisTimeoutError | OSError | RedisClusterException):
         return StoreUnavailableError(message, store=_STORE)
     return _reply_error(exc, call)
 
@@ -383,6 +387,8 @@ class RedisURL:
         connect_timeout: seconds per connection attempt (``?connect_timeout=``).
         heartbeat: TTL in seconds of this process's heartbeat key (``?heartbeat=``; owner
             liveness). 0 turns liveness off: keys of a dead process then wait for the lease.
+        ssl_ca_certs: a CA file to verify the server's certificate with (``rediss://``,
+            ``?ssl_ca_certs=``; default: the system's CAs). Both faces honour it.
     """
 
     client_url: str
@@ -396,6 +402,7 @@ class RedisURL:
     timeout: float = 2.0
     connect_timeout: float = 2.0
     heartbeat: float = DEFAULT_HEARTBEAT
+    ssl_ca_certs: str | None = None
 
 
 _STORE_OPTIONS = ("prefix", "timeout", "connect_timeout", "heartbeat")
@@ -441,6 +448,7 @@ def parse_redis_url(url: str) -> RedisURL:
         timeout=timeout,
         connect_timeout=connect_timeout,
         heartbeat=heartbeat,
+        ssl_ca_certs=dict(theirs).get("ssl_ca_certs"),
     )
 
 
@@ -517,7 +525,11 @@ class AsyncRedisStore:
                 db=parsed.db,
                 username=parsed.username,
                 password=parsed.password,
-                ssl=ssl_module.create_default_context() if parsed.tls else None,
+                ssl=(
+                    ssl_module.create_default_context(cafile=parsed.ssl_ca_certs)
+                    if parsed.tls
+                    else None
+                ),
                 timeout=parsed.timeout,
                 connect_timeout=parsed.connect_timeout,
             )
@@ -554,7 +566,7 @@ class AsyncRedisStore:
                 reply = await client.evalsha(script.sha, 1, *call.args)
             except NoScriptError:
                 reply = await client.eval(script.source, 1, *call.args)
-        except (RedisError, OSError) as exc:
+        except _CLIENT_ERRORS as exc:
             raise _redis_py_error(exc, call) from exc
         result: T = call.parse(reply, call)
         return result
@@ -591,7 +603,7 @@ class AsyncRedisStore:
                 await self._lean.execute(pack_command(("SET", key, b"1", "PX", ttl_ms)))
             else:
                 await self._client.set(key, b"1", px=ttl_ms)
-        except (StoreError, ReplyError, RedisError, OSError) as exc:
+        except (StoreError, ReplyError, *_CLIENT_ERRORS) as exc:
             hb.retry_at = at + 5.0
             logger.warning("owner liveness off for now (heartbeat failed): %s", exc)
             return False
@@ -682,7 +694,7 @@ class RedisStore:
                 reply = client.evalsha(script.sha, 1, *call.args)
             except NoScriptError:
                 reply = client.eval(script.source, 1, *call.args)
-        except (RedisError, OSError) as exc:
+        except _CLIENT_ERRORS as exc:
             raise _redis_py_error(exc, call) from exc
         result: T = call.parse(reply, call)
         return result

@@ -12,11 +12,20 @@ nodes as seeds (the rest are discovered). Options: ``prefix``, ``timeout``, ``co
 A hash tag in the prefix (``prefix={orders}:``) pins every record to one slot, which the store
 does not need: one record is one key.
 
-Retries: unlike the single-server store, the cluster client retries a command whose connection
-failed (that is how it moves on to a slot's new master), so a command may reach Redis twice.
-The scripts are safe to repeat: a resent ``reserve`` recognises its own token and wins, renewals
-and marks are idempotent, a resent ``complete`` or ``release`` answers "fenced out", which the
-middleware only reports (``lease_lost``), the response still being the one that ran.
+Retries: unlike the single-server store, the cluster clients keep redis-py's retries: after a
+connection error or timeout they re-read the slot map and resend, which is how a command finds
+a slot's new master after a failover. So a command may reach Redis twice, and the scripts are
+safe to repeat: a resent ``reserve`` recognises its own token and wins (without that, a lost
+reply would strand the key until its lease lapsed), renewals and marks are idempotent, and a
+resent ``complete`` or ``release`` answers "fenced out", which the middleware only reports
+(``lease_lost``; the response that ran is still the one sent). Redirections (``MOVED``,
+``ASK``) are followed either way. A failure inside the cluster client that is not one of
+redis-py's errors is answered as :class:`~retrysafe.StoreUnavailableError` too (``503``, never
+a 500).
+
+Failover: a planned ``CLUSTER FAILOVER`` waits for the replica to catch up and pauses writes to
+the old master meanwhile (milliseconds when the replica is in sync); the tests run one per
+master under load. Keep the lease (30 s by default) well above the cluster's failover time.
 
 Durability: Redis replicates asynchronously. A planned failover (``CLUSTER FAILOVER``) loses
 nothing; a master that crashes can lose its last acknowledged writes, and a lost reservation
@@ -26,11 +35,11 @@ lets a retry run again. Run the masters with AOF where that matters.
 from __future__ import annotations
 
 import inspect
+import threading
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import parse_qsl, unquote
 
-from .._errors import ConfigurationError
+from .._errors import ConfigurationError, StoreError, StoreUnavailableError
 from .redis import AsyncRedisStore, RedisStore, RedisURL, _Heartbeat, parse_redis_url
 
 __all__ = [
@@ -50,12 +59,10 @@ class ClusterURL:
     Attributes:
         nodes: the seed nodes as (host, port).
         options: credentials, TLS and the store's options, as for one server.
-        ssl_ca_certs: CA file to verify the nodes' TLS certificates with, if given.
     """
 
     nodes: tuple[tuple[str, int], ...]
     options: RedisURL
-    ssl_ca_certs: str | None = None
 
 
 def parse_cluster_url(url: str) -> ClusterURL:
@@ -83,11 +90,9 @@ def parse_cluster_url(url: str) -> ClusterURL:
         raise ConfigurationError("redis+cluster URL names no node (host:port,host:port...)")
     first = f"{nodes[0][0]}:{nodes[0][1]}"
     single = f"{_SCHEMES[scheme.lower()]}://{credentials}{at}{first}/0"
-    options = [(k, v) for k, v in parse_qsl(query, keep_blank_values=True) if k != "ssl_ca_certs"]
-    if options:
-        single += "?" + "&".join(f"{k}={v}" for k, v in options)
-    ca = dict(parse_qsl(query)).get("ssl_ca_certs")
-    return ClusterURL(tuple(nodes), parse_redis_url(single), unquote(ca) if ca else None)
+    if query:
+        single += "?" + query
+    return ClusterURL(tuple(nodes), parse_redis_url(single))
 
 
 def _client_kwargs(parsed: ClusterURL) -> dict[str, Any]:
@@ -101,8 +106,8 @@ def _client_kwargs(parsed: ClusterURL) -> dict[str, Any]:
     }
     if o.tls:
         kwargs["ssl"] = True
-        if parsed.ssl_ca_certs:
-            kwargs["ssl_ca_certs"] = parsed.ssl_ca_certs
+        if o.ssl_ca_certs:
+            kwargs["ssl_ca_certs"] = o.ssl_ca_certs
     return kwargs
 
 
@@ -117,11 +122,44 @@ def _async_extra(cls: Any) -> dict[str, Any]:
     return {"lib_name": None, "lib_version": None}
 
 
-def _sync_cluster(parsed: ClusterURL) -> Any:
-    from redis.cluster import ClusterNode, RedisCluster
+class _LazyCluster:
+    """A ``redis.cluster.RedisCluster`` built on first use.
 
-    nodes = [ClusterNode(host, port) for host, port in parsed.nodes]  # type: ignore[no-untyped-call]
-    return RedisCluster(startup_nodes=nodes, **_client_kwargs(parsed))
+    The sync cluster client connects and reads the slot map in its constructor; built lazily,
+    an unreachable cluster or a wrong password fails the first operation with a
+    :class:`~retrysafe.StoreError` (answered ``503``) instead of the application's start-up, and
+    the next operation tries again.
+    """
+
+    #: Read by the store's client check; answered here so the check does not connect.
+    connection_pool = None
+
+    def __init__(self, parsed: ClusterURL) -> None:
+        self._parsed = parsed
+        self._client: Any = None
+        self._lock = threading.Lock()
+
+    def _get(self) -> Any:
+        from redis.cluster import ClusterNode, RedisCluster
+
+        with self._lock:
+            if self._client is None:
+                nodes = [ClusterNode(h, p) for h, p in self._parsed.nodes]  # type: ignore[no-untyped-call]
+                self._client = RedisCluster(startup_nodes=nodes, **_client_kwargs(self._parsed))
+            return self._client
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._get(), name)
+
+    def close(self) -> None:
+        with self._lock:
+            client, self._client = self._client, None
+        if client is not None:
+            client.close()
+
+
+def _sync_cluster(parsed: ClusterURL) -> Any:
+    return _LazyCluster(parsed)
 
 
 class AsyncRedisClusterStore(AsyncRedisStore):
@@ -140,7 +178,9 @@ class AsyncRedisClusterStore(AsyncRedisStore):
         parsed = parse_cluster_url(url)
         nodes = [ClusterNode(host, port) for host, port in parsed.nodes]
         client = RedisCluster(
-            startup_nodes=nodes, **_async_extra(RedisCluster), **_client_kwargs(parsed)
+            startup_nodes=nodes,
+            **_async_extra(RedisCluster),
+            **_client_kwargs(parsed),
         )
         super().__init__(client=client, prefix=parsed.options.prefix)
         self._cluster = client
@@ -153,6 +193,20 @@ class AsyncRedisClusterStore(AsyncRedisStore):
     def from_url(cls, url: str) -> AsyncRedisClusterStore:
         """Build from ``redis+cluster://host:port,host:port?prefix=...``."""
         return cls(url)
+
+    async def _run_client(self, call: Any) -> Any:
+        try:
+            return await super()._run_client(call)
+        except StoreError:
+            raise
+        except Exception as exc:
+            # Seen with redis-py 8.1's async cluster client under timeouts during a failover:
+            # "'NoneType' object has no attribute 'writelines'" from a connection it had reset.
+            raise StoreUnavailableError(
+                f"Redis {call.script.name} failed in the cluster client: "
+                f"{type(exc).__name__}: {exc}",
+                store="redis",
+            ) from exc
 
     async def aclose(self) -> None:
         """Stop the heartbeat and close the cluster client."""
