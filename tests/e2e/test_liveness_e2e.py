@@ -19,7 +19,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -27,7 +27,8 @@ import pytest
 
 from ..stores.backend_postgres import fresh_table_url
 from ..stores.backend_redis import delete_prefixed, unique_prefix, with_prefix
-from .servers import free_port
+from .crash import CrashPlan, run_crash_suite
+from .servers import DemoServer, free_port
 
 pytestmark = pytest.mark.e2e
 
@@ -194,3 +195,54 @@ def test_dead_owner_taken_over_at_once_live_owner_never(
         for app in apps:
             app.stop()
     print(f"\n{kind}: retry after SIGKILL succeeded {taken:.2f} s after the kill (lease 30 s)")
+
+
+@pytest.mark.chaos
+@pytest.mark.timeout(3600)
+@pytest.mark.parametrize("mode", ["sqlite", "postgres", "redis"])
+def test_chaos_operation_latency_with_the_default_lease(
+    mode: str,
+    demo_servers: Callable[..., DemoServer],
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The issue's chaos run: 3 OrderHub instances, SIGKILLs, the default 30 s lease; reports
+    the p50/p99 time for a logical operation to get its final answer. With
+    ``LIVENESS_BASELINE_SRC=<checkout>/src`` the servers run that (older) code instead, for the
+    "before" figures."""
+    baseline = os.environ.get("LIVENESS_BASELINE_SRC")
+    if baseline:
+        monkeypatch.setenv("PYTHONPATH", baseline)
+    plan = CrashPlan(
+        operations=int(os.environ.get("CHAOS_OPS", "400")),
+        concurrency=12,
+        kills=int(os.environ.get("CHAOS_KILLS", "10")),
+        kill_interval=(1.0, 3.0),
+        delay_after_share=0.25,
+        operation_deadline=300.0,
+        seed=16,
+    )
+    db = f"sqlite:///{tmp_path}/orders.db"
+    if mode == "sqlite":
+        store = f"sqlite:///{tmp_path}/shared.db"
+        db = store
+    elif mode == "postgres":
+        store = fresh_table_url(request)
+        db = store.split("?", 1)[0]
+    else:
+        base: str = request.getfixturevalue("redis_url")
+        prefix = unique_prefix("chaos")
+        store = with_prefix(base, prefix)
+        request.addfinalizer(lambda: delete_prefixed(base, prefix))
+    servers = [demo_servers(store, db=db, lease=30.0) for _ in range(3)]
+    report = asyncio.run(run_crash_suite(servers, plan))
+    label = "before" if baseline else "after"
+    line = f"[liveness-chaos:{mode}:{label}] {report.summary()}"
+    print(line)
+    Path("test-artifacts").mkdir(exist_ok=True)
+    with open("test-artifacts/liveness-chaos.txt", "a") as out:
+        out.write(line + "\n")
+    assert report.unfinished == 0 and report.lost == 0 and not report.unexpected
+    if mode != "redis":
+        assert report.duplicates == 0
