@@ -247,3 +247,42 @@ def test_memory_store_child_takes_over_its_parents_keys(backend: Backend) -> Non
     assert answer == b"1"
     # The parent's own records are still its own.
     assert not store.reserve("plain", "fp", lease=LEASE, ttl=600.0).acquired
+
+
+def test_tokens_name_their_owner_only_when_marked() -> None:
+    from retrysafe.stores._base import instance_id, new_owned_token, new_token, token_owner
+
+    assert token_owner(new_owned_token()) == instance_id()
+    assert token_owner(new_token()) is None  # a plain token is never judged
+    assert token_owner(None) is None
+    assert token_owner("short-1") is None
+
+
+def test_process_identity_tells_a_live_process_from_a_dead_or_reused_pid() -> None:
+    from retrysafe.stores._liveness import ProcessIdentity, is_dead, this_process
+
+    here = this_process()
+    if here is None:
+        pytest.skip("no /proc on this system: every owner is 'unknown' (lease only)")
+    assert not is_dead(here, here)
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        with open(f"/proc/{child.pid}/stat") as f:
+            start = int(f.read().rsplit(")", 1)[1].split()[19])
+        owner = ProcessIdentity(here.host, child.pid, start)
+        assert not is_dead(owner, here)
+        child.send_signal(signal.SIGSTOP)
+        assert not is_dead(owner, here)  # stopped is alive
+        # The same pid with another start time is another process: the owner is gone.
+        assert is_dead(ProcessIdentity(here.host, child.pid, start + 1), here)
+        # Another host, namespace or boot: nothing can be concluded.
+        assert not is_dead(ProcessIdentity("other/host", child.pid, start + 1), here)
+        child.kill()
+        deadline = time.monotonic() + 5
+        while not is_dead(owner, here):  # a zombie (not reaped yet) is dead
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+    finally:
+        child.kill()
+        child.wait()
+    assert is_dead(owner, here)  # reaped: no such pid

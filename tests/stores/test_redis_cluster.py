@@ -19,15 +19,17 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from retrysafe import ConfigurationError, StoreError
+from retrysafe import ConfigurationError, StoreError, StoreUnavailableError
 from retrysafe.asgi import IdempotencyMiddleware
 from retrysafe.stores import async_store_from_url, store_from_url
 from retrysafe.stores.redis_cluster import (
     AsyncRedisClusterStore,
+    RedisClusterStore,
     parse_cluster_url,
 )
 
 from ..conftest import RUN_ID, service_missing
+from ..e2e.servers import free_port
 from .backend_redis import PrivateRedis
 from .cluster import RedisClusterProcs
 
@@ -61,9 +63,20 @@ def test_bad_cluster_url_is_a_configuration_error(url: str) -> None:
         parse_cluster_url(url)
 
 
-def test_cluster_scheme_resolves_to_the_cluster_stores() -> None:
-    url = "redis+cluster://127.0.0.1:1,127.0.0.1:2?prefix=x:"
-    assert isinstance(async_store_from_url(url), AsyncRedisClusterStore)
+async def test_cluster_scheme_resolves_to_the_cluster_stores_and_fails_cleanly() -> None:
+    url = f"redis+cluster://127.0.0.1:{free_port()},127.0.0.1:{free_port()}?prefix=x:"
+    store = async_store_from_url(url)
+    assert isinstance(store, AsyncRedisClusterStore)
+    sync = store_from_url(url)  # builds its client on first use: no connection at start-up
+    assert isinstance(sync, RedisClusterStore)
+    try:
+        with pytest.raises(StoreUnavailableError):
+            await store.reserve("k", "fp", lease=5.0, ttl=60.0)
+        with pytest.raises(StoreUnavailableError):
+            sync.reserve("k", "fp", lease=5.0, ttl=60.0)
+    finally:
+        await store.aclose()
+        sync.close()
 
 
 def _app(url: str, effects: Counter[str]) -> tuple[IdempotencyMiddleware, AsyncRedisClusterStore]:
