@@ -82,6 +82,7 @@ class CrashReport:
             f"503={self.unavailable} net_errors={self.network_errors} kills={self.kills} "
             f"service_faults={self.service_faults} unexpected={len(self.unexpected)} "
             f"p50={self.percentile(0.5):.2f}s p99={self.percentile(0.99):.2f}s "
+            f"p99.9={self.percentile(0.999):.2f}s max={self.percentile(1.0):.2f}s "
             f"in {self.seconds:.1f}s"
         )
 

@@ -206,6 +206,7 @@ class AsyncPostgresStore:
         self._owner_conn: Any = None
         self._owner_instance = ""
         self._owner_lock: asyncio.Lock | None = None
+        self._owner_loop: asyncio.AbstractEventLoop | None = None
         self._owner_retry_at = 0.0
         self._inherited: list[Any] = []
 
@@ -302,12 +303,18 @@ class AsyncPostgresStore:
         self, record_id: str, fingerprint: str, *, lease: float, ttl: float
     ) -> Reservation:
         """See :meth:`retrysafe.stores.AsyncStore.reserve`."""
-        conn = self._owner_conn
-        owned = (
-            conn is not None and self._owner_instance == instance_id() and not conn.is_closed()
-        ) or await self._hold_owner_lock()
+        owned = self._owner_held() or await self._hold_owner_lock()
         op = reserve_op(self.statements, record_id, fingerprint, lease=lease, ttl=ttl, owned=owned)
         return await drive_async(op, self._fetch)
+
+    def _owner_held(self) -> bool:
+        conn = self._owner_conn
+        return (
+            conn is not None
+            and self._owner_instance == instance_id()
+            and self._owner_loop is asyncio.get_running_loop()
+            and not conn.is_closed()
+        )
 
     async def _hold_owner_lock(self) -> bool:
         """Open the dedicated connection and take this process's owner lock (once per process;
@@ -315,22 +322,32 @@ class AsyncPostgresStore:
         so this process's tokens do not name it (its keys wait for the lease, as before)."""
         import asyncpg
 
-        if self._owner_lock is None:
+        loop = asyncio.get_running_loop()
+        if self._owner_lock is None or self._owner_loop is not loop:
+            # A connection (and a lock) belongs to one event loop; a store used from another
+            # loop (asyncio.run twice) takes the owner lock again there.
             self._owner_lock = asyncio.Lock()
         async with self._owner_lock:
             instance = instance_id()
-            conn = self._owner_conn
-            if conn is not None and self._owner_instance == instance and not conn.is_closed():
+            if self._owner_held():
                 return True
-            if time.monotonic() < self._owner_retry_at and self._owner_instance == instance:
+            if (
+                time.monotonic() < self._owner_retry_at
+                and self._owner_instance == instance
+                and self._owner_loop is loop
+            ):
                 return False
-            self._owner_conn = None
+            conn, self._owner_conn = self._owner_conn, None
             if conn is not None:
                 if self._owner_instance == instance:
-                    conn.terminate()  # closed already
+                    try:
+                        conn.terminate()  # closed already, or of another (maybe closed) loop
+                    except Exception as exc:
+                        logger.debug("dropping the old owner connection: %s", exc)
                 else:
                     # From before fork: ending it would end the parent's session and lock.
                     self._inherited.append(conn)
+            self._owner_loop = loop
             self._owner_instance = instance
             self._owner_retry_at = time.monotonic() + 5.0
             o = self.options
@@ -395,7 +412,10 @@ class AsyncPostgresStore:
         """Close the pool (waits up to 10 s for connections in use, then terminates them)."""
         owner, self._owner_conn = self._owner_conn, None
         if owner is not None and self._owner_instance == instance_id():
-            owner.terminate()
+            try:
+                owner.terminate()
+            except Exception as exc:  # its event loop may be gone
+                logger.debug("dropping the owner connection: %s", exc)
         pool, self._pool = self._pool, None
         if pool is None:
             return
