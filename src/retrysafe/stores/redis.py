@@ -174,7 +174,9 @@ class _Commands:
         return _Call(_RESERVE, args, _parse_claim, token)
 
     def owner_key(self, instance: str) -> str:
-        return f"{self.prefix}owner:{instance}"
+        # Outside the records' prefix: whatever scans ``<prefix>*`` (stats, an operator's
+        # cleanup) sees records only. Every process with this prefix names the same key.
+        return f"retrysafe-owner:{self.prefix}{instance}"
 
     def owner_alive(self, instance: str) -> _Call[bool]:
         return _Call(_OWNER_ALIVE, (self.owner_key(instance),), _parse_flag)
@@ -253,7 +255,7 @@ class _Heartbeat:
 
     A thread, not the event loop: a loop stalled by CPU-bound work in a live process keeps
     beating (the thread gets the GIL at every switch interval). The key is
-    ``<prefix>owner:<instance id>`` with a TTL of ``ttl`` seconds, set again every
+    ``retrysafe-owner:<prefix><instance id>`` with a TTL of ``ttl`` seconds, set again every
     ``ttl / 5`` seconds. Tokens name this process only while the last successful beat is recent
     enough that the key surely exists. After ``fork`` the child (new instance id, no thread)
     starts its own.
