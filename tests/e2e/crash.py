@@ -62,6 +62,15 @@ class CrashReport:
     kills: int = 0
     service_faults: int = 0
     seconds: float = 0.0
+    #: Seconds from each operation's first attempt to its final answer.
+    latencies: list[float] = field(default_factory=list)
+
+    def percentile(self, q: float) -> float:
+        """The ``q`` quantile (0..1) of the operation latencies (nearest rank), 0 if none."""
+        if not self.latencies:
+            return 0.0
+        ordered = sorted(self.latencies)
+        return ordered[min(len(ordered) - 1, max(0, round(q * len(ordered)) - 1))]
 
     def summary(self) -> str:
         """One line for the test log."""
@@ -72,6 +81,8 @@ class CrashReport:
             f"attempts={self.attempts} replays={self.replays} 409={self.conflicts} "
             f"503={self.unavailable} net_errors={self.network_errors} kills={self.kills} "
             f"service_faults={self.service_faults} unexpected={len(self.unexpected)} "
+            f"p50={self.percentile(0.5):.2f}s p99={self.percentile(0.99):.2f}s "
+            f"p99.9={self.percentile(0.999):.2f}s max={self.percentile(1.0):.2f}s "
             f"in {self.seconds:.1f}s"
         )
 
@@ -95,7 +106,8 @@ async def _operation(
 ) -> None:
     payload = json.dumps({"item": op.item, "quantity": 1}).encode()
     headers = {"Idempotency-Key": op.key, "Content-Type": "application/json"}
-    deadline = time.monotonic() + plan.operation_deadline
+    began = time.monotonic()
+    deadline = began + plan.operation_deadline
 
     async def attempt() -> tuple[int, bytes, httpx.Headers] | None:
         server = rng.choice(servers)
@@ -133,6 +145,7 @@ async def _operation(
                 report.unexpected.append(f"{op.key}: {status} {body[:200]!r}")
                 op.final = op.final or "unexpected"
         if op.final:
+            report.latencies.append(time.monotonic() - began)
             return
         await asyncio.sleep(rng.uniform(0.05, 0.3))
 

@@ -1,11 +1,13 @@
 """One store conformance suite, parametrized over every backend (ids: memory, sqlite, postgres,
-redis). A backend gives an async store, its sync twin over the same data, a way to move time
-forward, and (when the data is shared between processes) a URL another process can open."""
+redis, redis-cluster). A backend gives an async store, its sync twin over the same data, a way to
+move time forward, and (when the data is shared between processes) a URL another process can
+open."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +23,8 @@ from retrysafe.stores import (
 )
 
 from ..clock import FakeClock
+from ..conftest import RUN_ID, service_missing
+from .cluster import RedisClusterProcs, cluster_binaries
 
 
 @dataclass
@@ -73,12 +77,40 @@ async def _redis(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterato
         yield backend
 
 
+@pytest.fixture(scope="session")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClusterProcs]:
+    """A real 3-master + 3-replica Redis Cluster on loopback, once per session."""
+    if cluster_binaries() is None:
+        service_missing("redis-server / redis-cli", "not on PATH (Debian: redis-server)")
+    procs = RedisClusterProcs(tmp_path_factory.mktemp("redis-cluster"))
+    try:
+        yield procs.start()
+    finally:
+        procs.stop()
+
+
+async def _redis_cluster(request: pytest.FixtureRequest) -> AsyncIterator[Backend]:
+    from retrysafe.stores.redis_cluster import AsyncRedisClusterStore, RedisClusterStore
+
+    procs: RedisClusterProcs = request.getfixturevalue("redis_cluster")
+    prefix = f"rs-test-{RUN_ID}-{uuid.uuid4().hex[:8]}:"
+    url = f"redis+cluster://{procs.seeds}?prefix={prefix}"
+    store = AsyncRedisClusterStore(url)
+    sync = RedisClusterStore(url)
+    try:
+        yield Backend("redis-cluster", store, sync, real_sleep, url=url, purge_counts=False)
+    finally:
+        await store.aclose()
+        sync.close()
+
+
 @pytest.fixture(
     params=[
         pytest.param("memory", id="memory"),
         pytest.param("sqlite", id="sqlite"),
         pytest.param("postgres", id="postgres"),
         pytest.param("redis", id="redis"),
+        pytest.param("redis-cluster", id="redis-cluster"),
     ]
 )
 async def backend(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Backend]:
@@ -90,6 +122,8 @@ async def backend(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterat
         gen = _sqlite(tmp_path)
     elif kind == "postgres":
         gen = _postgres(tmp_path, request)
+    elif kind == "redis-cluster":
+        gen = _redis_cluster(request)
     else:
         gen = _redis(tmp_path, request)
     async for item in gen:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing as mp
+import threading
 import time
 import uuid
 
@@ -17,7 +18,13 @@ PROCESSES = 4
 TASKS = 50
 
 
-def _contend(url: str, key: str, start_at: float, out: mp.Queue[tuple[int, int]]) -> None:
+def _contend(
+    url: str,
+    key: str,
+    start_at: float,
+    out: mp.Queue[tuple[int, int]],
+    all_reserved: threading.Barrier,
+) -> None:
     async def main() -> tuple[int, int]:
         store = async_store_from_url(url)
         try:
@@ -28,6 +35,9 @@ def _contend(url: str, key: str, start_at: float, out: mp.Queue[tuple[int, int]]
                 *(store.reserve(key, "fp", lease=30.0, ttl=60.0) for _ in range(TASKS)),
                 return_exceptions=True,
             )
+            # Stay alive until every contender has reserved: a process that ended while holding
+            # the key is a dead owner, and the stores take a dead owner's key over at once.
+            await asyncio.to_thread(all_reserved.wait, 60)
         finally:
             await store.aclose()
         errors = sum(isinstance(r, BaseException) for r in results)
@@ -38,15 +48,16 @@ def _contend(url: str, key: str, start_at: float, out: mp.Queue[tuple[int, int]]
 
 
 # The memory store is per process by design, so it is not among the backends here.
-@pytest.mark.parametrize("backend", ["sqlite", "postgres", "redis"], indirect=True)
+@pytest.mark.parametrize("backend", ["sqlite", "postgres", "redis", "redis-cluster"], indirect=True)
 def test_one_winner_among_4_processes_x_50_tasks(backend: Backend) -> None:
     assert backend.url is not None
     ctx = mp.get_context("spawn")
     out: mp.Queue[tuple[int, int]] = ctx.Queue()
+    all_reserved = ctx.Barrier(PROCESSES)
     key = f"proc-race-{uuid.uuid4().hex}"
     start_at = time.time() + 3.0
     procs = [
-        ctx.Process(target=_contend, args=(backend.url, key, start_at, out))
+        ctx.Process(target=_contend, args=(backend.url, key, start_at, out, all_reserved))
         for _ in range(PROCESSES)
     ]
     for proc in procs:

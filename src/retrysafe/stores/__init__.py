@@ -7,6 +7,7 @@ URL                    classes                           extra
 ``sqlite:///path.db``  SQLiteStore / AsyncSQLiteStore    (none)
 ``postgresql://...``   PostgresStore / AsyncPostgresStore  ``retrysafe[postgres]``
 ``redis://...``        RedisStore / AsyncRedisStore      ``retrysafe[redis]``
+``redis+cluster://``   RedisClusterStore / Async...      ``retrysafe[redis]``
 =====================  ================================  ====================
 """
 
@@ -44,6 +45,18 @@ _REGISTRY: dict[str, tuple[str, str, str, str | None]] = {
     "postgres": ("retrysafe.stores.postgres", "AsyncPostgresStore", "PostgresStore", "postgres"),
     "redis": ("retrysafe.stores.redis", "AsyncRedisStore", "RedisStore", "redis"),
     "rediss": ("retrysafe.stores.redis", "AsyncRedisStore", "RedisStore", "redis"),
+    "redis+cluster": (
+        "retrysafe.stores.redis_cluster",
+        "AsyncRedisClusterStore",
+        "RedisClusterStore",
+        "redis",
+    ),
+    "rediss+cluster": (
+        "retrysafe.stores.redis_cluster",
+        "AsyncRedisClusterStore",
+        "RedisClusterStore",
+        "redis",
+    ),
 }
 
 

@@ -19,7 +19,10 @@ __all__ = [
     "Record",
     "Reservation",
     "Store",
+    "instance_id",
+    "new_owned_token",
     "new_token",
+    "token_owner",
 ]
 
 RecordState = Literal["in_progress", "completed"]
@@ -38,15 +41,47 @@ class _Tokens:
         os.register_at_fork(after_in_child=self.reset)
 
     def reset(self) -> None:
+        # The prefix doubles as the process's instance id (owner liveness): renewed after fork,
+        # so a child never passes for its parent.
         self.prefix = secrets.token_hex(12)
         self.counter = itertools.count(1)
 
     def __call__(self) -> str:
         return f"{self.prefix}{next(self.counter):x}"
 
+    def owned(self) -> str:
+        # The dash marks "this owner's liveness can be checked": a token without it (an older
+        # version, or a store whose liveness signal is not up) is only ever taken over after
+        # its lease, never because its owner looks dead.
+        return f"{self.prefix}{_OWNER_MARK}{next(self.counter):x}"
+
+
+_OWNER_MARK = "-"
+_INSTANCE_LENGTH = 24
 
 new_token = _Tokens()
 """Return a fresh reservation token, unique across processes and hosts."""
+
+
+def new_owned_token() -> str:
+    """Return a fresh token that names this process as its owner (see :func:`token_owner`).
+
+    A store hands these out only while its liveness signal for this process is up (PostgreSQL:
+    the advisory lock is held; Redis: the heartbeat runs; SQLite: the process is registered).
+    """
+    return new_token.owned()
+
+
+def instance_id() -> str:
+    """This process's instance id: random, renewed after ``fork``."""
+    return new_token.prefix
+
+
+def token_owner(token: str | None) -> str | None:
+    """The instance id a token from :func:`new_owned_token` names, else ``None`` (unknown)."""
+    if token is None or len(token) <= _INSTANCE_LENGTH or token[_INSTANCE_LENGTH] != _OWNER_MARK:
+        return None
+    return token[:_INSTANCE_LENGTH]
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,7 +133,11 @@ class AsyncStore(Protocol):
         """Atomically reserve ``record_id`` or return the record that holds it.
 
         A record whose retention ended, or an in-progress record whose lease lapsed (its owner
-        crashed), is taken over by this call.
+        crashed), is taken over by this call. So is an in-progress record whose owner process
+        is known to be dead (owner liveness; the lease stays the backstop for what liveness
+        cannot see), at once, whatever its lease: fenced like a lease takeover. A committed
+        record whose owner is dead is never taken over: it is returned with
+        ``lease_remaining == 0`` (outcome unknown).
         """
         ...
 

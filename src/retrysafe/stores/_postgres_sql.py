@@ -24,7 +24,7 @@ from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from .._errors import ConfigurationError, StoreError, StoreUnavailableError
-from ._base import Record, Reservation, new_token
+from ._base import Record, Reservation, instance_id, new_owned_token, new_token, token_owner
 from ._sql import load_queries
 
 __all__ = [
@@ -39,6 +39,7 @@ __all__ = [
     "get_op",
     "is_unavailable_sqlstate",
     "mark_committed_op",
+    "owner_lock_key",
     "purge_op",
     "release_op",
     "renew_op",
@@ -303,16 +304,48 @@ def _record(row: Sequence[Any], offset: int = 0) -> Record:
     )
 
 
+#: The first key of every owner lock (two-int advisory locks never collide with bigint ones):
+#: "rsaf", so the owner locks are easy to tell apart in pg_locks.
+OWNER_LOCK_CLASS = 0x72736166
+
+
+def owner_lock_key(instance: str) -> int:
+    """The second key of the owner lock of ``instance``: 32 bits of its (random) id.
+
+    Two live processes sharing a key only makes a dead one look alive (its key waits for the
+    lease), never the reverse.
+    """
+    value = int(instance[:8], 16)
+    return value - (1 << 32) if value >= 1 << 31 else value
+
+
 def reserve_op(
-    q: Statements, record_id: str, fingerprint: str, *, lease: float, ttl: float
+    q: Statements,
+    record_id: str,
+    fingerprint: str,
+    *,
+    lease: float,
+    ttl: float,
+    owned: bool = False,
 ) -> Generator[Query, Rows, Reservation]:
     """See :meth:`retrysafe.stores.AsyncStore.reserve`.
 
     Runs the one-statement reserve-or-read; on no row (a concurrent commit after the snapshot,
     or a release between snapshot and insert) runs it again. After a lost connection it runs it
     again too: the statement recognises this call's token if the lost attempt had won.
+
+    When the key is held by another process's in-progress reservation, one more statement asks
+    whether that process is alive (its owner lock) and takes the record over if it is not.
+
+    Args:
+        q: the statements.
+        record_id: the record.
+        fingerprint: the request's fingerprint.
+        lease: seconds of lease.
+        ttl: seconds of retention.
+        owned: this process holds its owner lock, so its token may name it as owner.
     """
-    token = new_token()
+    token = new_owned_token() if owned else new_token()
     query = q.query(
         "reserve",
         id=record_id,
@@ -330,11 +363,38 @@ def reserve_op(
                 raise
             lost = True
             continue
-        if rows:
-            row = rows[0]
-            if row[0]:
-                return Reservation(token=token)
-            return Reservation(record=_record(row, 1))
+        if not rows:
+            continue
+        row = rows[0]
+        if row[0]:
+            return Reservation(token=token)
+        record = _record(row, 1)
+        holder = row[5] if len(row) > 5 else None
+        owner = token_owner(holder)
+        if record.state != "in_progress" or owner is None or owner == instance_id():
+            return Reservation(record=record)
+        taken = yield from _retry_once(
+            q.query(
+                "take_over",
+                owner_class=OWNER_LOCK_CLASS,
+                owner_key=owner_lock_key(owner),
+                id=record_id,
+                holder=holder,
+                fingerprint=fingerprint,
+                token=token,
+                lease=float(lease),
+                ttl=float(ttl),
+            )
+        )
+        dead, took = taken[0]
+        if took:
+            return Reservation(token=token)
+        if not dead:
+            return Reservation(record=record)
+        if record.committed:
+            # Effects happened and no one will store the answer: outcome unknown at once.
+            return Reservation(record=Record(record.fingerprint, "in_progress", committed=True))
+        # The owner is dead but the record changed in between: read it again.
     raise StoreError(
         f"reserve found no record {RESERVE_ATTEMPTS} times in a row (constant churn on one key)",
         store=STORE_NAME,

@@ -1,4 +1,10 @@
-"""In-process store: a dict behind one lock. For tests, development and single-process apps."""
+"""In-process store: a dict behind one lock. For tests, development and single-process apps.
+
+Owner liveness is the process itself: a record belongs to the instance id that reserved it. After
+``fork`` the child's copy of the dict still holds its parent's in-progress records, which no one
+will ever renew or complete in that copy (the parent works on its own), so the child takes them
+over at once (a committed one is outcome unknown, as everywhere).
+"""
 
 from __future__ import annotations
 
@@ -7,7 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ._base import Record, Reservation, new_token
+from ._base import Record, Reservation, instance_id, new_token
 from ._inline import InlineAsyncStore
 
 __all__ = ["AsyncMemoryStore", "MemoryStore"]
@@ -21,6 +27,7 @@ class _Entry:
     expires_at: float
     response: bytes | None = None
     committed: bool = False
+    owner: str = ""
 
 
 class MemoryStore:
@@ -46,6 +53,8 @@ class MemoryStore:
     def _record(entry: _Entry, now: float) -> Record:
         if entry.response is not None:
             return Record(entry.fingerprint, "completed", entry.response)
+        if entry.owner != instance_id():
+            now = entry.lease_expires_at  # its owner is another process: dead to this copy
         return Record(
             entry.fingerprint,
             "in_progress",
@@ -62,11 +71,15 @@ class MemoryStore:
                 entry is None
                 or entry.expires_at <= now
                 or (
-                    entry.response is None and not entry.committed and entry.lease_expires_at <= now
+                    entry.response is None
+                    and not entry.committed
+                    and (entry.lease_expires_at <= now or entry.owner != instance_id())
                 )
             ):
                 token = new_token()
-                self._entries[record_id] = _Entry(fingerprint, token, now + lease, now + ttl)
+                self._entries[record_id] = _Entry(
+                    fingerprint, token, now + lease, now + ttl, owner=instance_id()
+                )
                 return Reservation(token=token)
             return Reservation(record=self._record(entry, now))
 

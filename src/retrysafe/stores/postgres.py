@@ -30,6 +30,14 @@ Choices, and why:
   setting, ``synchronous_commit``, is transaction-local), no ``LISTEN``, no cursors, no session
   advisory locks, every statement its own transaction. psycopg_pool has no reset query by
   default.
+- **Owner liveness.** Each store holds, per process, one dedicated connection outside the pool
+  (the pooled ones still carry no session lock)
+  with a session-level shared advisory lock named by the process's instance id (opened with the
+  first reservation, again after ``fork``). Its tokens name that instance only while the lock is
+  held. A reservation that meets another process's in-progress record runs one more statement,
+  ``take_over``: an exclusive transaction-level try-lock on the owner's lock succeeds only when
+  no session holds it, i.e. the owner's connection is gone (the process died: its socket closed,
+  the server ended the session at once), and then replaces the record, fenced on its token.
 - **The server's clock.** Leases and retention are computed and compared with
   ``clock_timestamp()`` on the server (``timestamptz`` columns, ``make_interval``), so app hosts
   with skewed clocks still agree on who holds a key.
@@ -56,13 +64,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import select
 import threading
+import time
 from collections.abc import Awaitable, Callable, Generator, Sequence
 from typing import Any, TypeVar
 
 from .._errors import StoreError, StoreUnavailableError
-from ._base import Record, Reservation
+from ._base import Record, Reservation, instance_id
 from ._postgres_sql import (
+    OWNER_LOCK_CLASS,
     STORE_NAME,
     ConnectionLostError,
     PostgresOptions,
@@ -75,6 +86,7 @@ from ._postgres_sql import (
     get_op,
     is_unavailable_sqlstate,
     mark_committed_op,
+    owner_lock_key,
     purge_op,
     release_op,
     renew_op,
@@ -240,6 +252,13 @@ class AsyncPostgresStore:
         self.statements = Statements(self.options)
         self._pool: Any = None
         self._lock: asyncio.Lock | None = None
+        # Owner liveness: the dedicated connection holding this process's owner lock.
+        self._owner_conn: Any = None
+        self._owner_instance = ""
+        self._owner_lock: asyncio.Lock | None = None
+        self._owner_loop: asyncio.AbstractEventLoop | None = None
+        self._owner_retry_at = 0.0
+        self._inherited: list[Any] = []
 
     @classmethod
     def from_url(cls, url: str) -> AsyncPostgresStore:
@@ -343,8 +362,74 @@ class AsyncPostgresStore:
         self, record_id: str, fingerprint: str, *, lease: float, ttl: float
     ) -> Reservation:
         """See :meth:`retrysafe.stores.AsyncStore.reserve`."""
-        op = reserve_op(self.statements, record_id, fingerprint, lease=lease, ttl=ttl)
+        owned = self._owner_held() or await self._hold_owner_lock()
+        op = reserve_op(self.statements, record_id, fingerprint, lease=lease, ttl=ttl, owned=owned)
         return await drive_async(op, self._fetch)
+
+    def _owner_held(self) -> bool:
+        conn = self._owner_conn
+        return (
+            conn is not None
+            and self._owner_instance == instance_id()
+            and self._owner_loop is asyncio.get_running_loop()
+            and not conn.is_closed()
+        )
+
+    async def _hold_owner_lock(self) -> bool:
+        """Open the dedicated connection and take this process's owner lock (once per process;
+        again after the connection was lost, at most every few seconds). ``False``: not held,
+        so this process's tokens do not name it (its keys wait for the lease, as before)."""
+        import asyncpg
+
+        loop = asyncio.get_running_loop()
+        if self._owner_lock is None or self._owner_loop is not loop:
+            # A connection (and a lock) belongs to one event loop; a store used from another
+            # loop (asyncio.run twice) takes the owner lock again there.
+            self._owner_lock = asyncio.Lock()
+        async with self._owner_lock:
+            instance = instance_id()
+            if self._owner_held():
+                return True
+            if (
+                time.monotonic() < self._owner_retry_at
+                and self._owner_instance == instance
+                and self._owner_loop is loop
+            ):
+                return False
+            conn, self._owner_conn = self._owner_conn, None
+            if conn is not None:
+                if self._owner_instance == instance:
+                    try:
+                        conn.terminate()  # closed already, or of another (maybe closed) loop
+                    except Exception as exc:
+                        logger.debug("dropping the old owner connection: %s", exc)
+                else:
+                    # From before fork: ending it would end the parent's session and lock.
+                    self._inherited.append(conn)
+            self._owner_loop = loop
+            self._owner_instance = instance
+            self._owner_retry_at = time.monotonic() + 5.0
+            o = self.options
+            try:
+                conn = await asyncpg.connect(
+                    o.dsn,
+                    timeout=o.connect_timeout,
+                    server_settings={"application_name": f"{o.application_name}-owner"},
+                )
+            except Exception as exc:
+                logger.warning("owner liveness off for now (connect failed): %s", exc)
+                return False
+            try:
+                query = self.statements.query(
+                    "owner_lock", owner_class=OWNER_LOCK_CLASS, owner_key=owner_lock_key(instance)
+                )
+                await conn.fetch(query.statement.sql, *query.args, timeout=o.connect_timeout)
+            except Exception as exc:
+                logger.warning("owner liveness off for now (lock failed): %s", exc)
+                conn.terminate()
+                return False
+            self._owner_conn = conn
+            return True
 
     async def renew(self, record_id: str, token: str, *, lease: float) -> bool:
         """See :meth:`retrysafe.stores.AsyncStore.renew`."""
@@ -384,6 +469,12 @@ class AsyncPostgresStore:
 
     async def aclose(self) -> None:
         """Close the pool (waits up to 10 s for connections in use, then terminates them)."""
+        owner, self._owner_conn = self._owner_conn, None
+        if owner is not None and self._owner_instance == instance_id():
+            try:
+                owner.terminate()
+            except Exception as exc:  # its event loop may be gone
+                logger.debug("dropping the owner connection: %s", exc)
         pool, self._pool = self._pool, None
         if pool is None:
             return
@@ -571,6 +662,14 @@ class PostgresStore:
         self.statements = Statements(self.options)
         self._pool: Any = None
         self._lock = threading.Lock()
+        # Owner liveness: the dedicated connection holding this process's owner lock.
+        self._owner_conn: Any = None
+        self._owner_instance = ""
+        self._owner_lock = threading.Lock()
+        self._owner_retry_at = 0.0
+        # A connection inherited over fork is kept, never closed: closing it would end the
+        # parent's session, and with it the parent's owner lock.
+        self._inherited: list[Any] = []
 
     @classmethod
     def from_url(cls, url: str) -> PostgresStore:
@@ -686,8 +785,64 @@ class PostgresStore:
 
     def reserve(self, record_id: str, fingerprint: str, *, lease: float, ttl: float) -> Reservation:
         """See :meth:`retrysafe.stores.Store.reserve`."""
-        op = reserve_op(self.statements, record_id, fingerprint, lease=lease, ttl=ttl)
+        op = reserve_op(
+            self.statements,
+            record_id,
+            fingerprint,
+            lease=lease,
+            ttl=ttl,
+            owned=self._hold_owner_lock(),
+        )
         return drive_sync(op, self._fetch)
+
+    def _owner_alive(self) -> bool:
+        conn = self._owner_conn
+        if conn is None or self._owner_instance != instance_id() or conn.closed or conn.broken:
+            return False
+        # psycopg notices a closed session only on use. An idle connection has nothing to read
+        # unless the server ended it (a notice, then EOF): one zero-timeout poll tells.
+        readable, _, _ = select.select([conn.fileno()], [], [], 0)
+        return not readable
+
+    def _hold_owner_lock(self) -> bool:
+        """The sync twin of :meth:`AsyncPostgresStore._hold_owner_lock`."""
+        if self._owner_alive():
+            return True
+        import psycopg
+
+        with self._owner_lock:
+            if self._owner_alive():
+                return True
+            instance = instance_id()
+            if time.monotonic() < self._owner_retry_at and self._owner_instance == instance:
+                return False
+            conn, self._owner_conn = self._owner_conn, None
+            if conn is not None:
+                if self._owner_instance == instance:
+                    conn.close()
+                else:
+                    self._inherited.append(conn)
+            self._owner_instance = instance
+            self._owner_retry_at = time.monotonic() + 5.0
+            o = self.options
+            kwargs = self._connect_kwargs()
+            kwargs["application_name"] = f"{o.application_name}-owner"
+            try:
+                conn = psycopg.connect(o.dsn, **kwargs)
+            except (psycopg.Error, OSError) as exc:
+                logger.warning("owner liveness off for now (connect failed): %s", exc)
+                return False
+            try:
+                query = self.statements.query(
+                    "owner_lock", owner_class=OWNER_LOCK_CLASS, owner_key=owner_lock_key(instance)
+                )
+                conn.execute(query.statement.sql, query.args).fetchall()
+            except (psycopg.Error, OSError) as exc:
+                logger.warning("owner liveness off for now (lock failed): %s", exc)
+                conn.close()
+                return False
+            self._owner_conn = conn
+            return True
 
     def renew(self, record_id: str, token: str, *, lease: float) -> bool:
         """See :meth:`retrysafe.stores.Store.renew`."""
@@ -725,6 +880,9 @@ class PostgresStore:
 
     def close(self) -> None:
         """Close the pool."""
+        owner, self._owner_conn = self._owner_conn, None
+        if owner is not None and self._owner_instance == instance_id():
+            owner.close()
         with self._lock:
             pool, self._pool = self._pool, None
         if pool is not None:

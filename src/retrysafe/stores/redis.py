@@ -33,7 +33,11 @@ find its own reservation and answer 409), so the store's own redis-py client has
 from __future__ import annotations
 
 import hashlib
+import logging
 import ssl as ssl_module
+import threading
+import time
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any, Generic, NamedTuple, TypeVar
@@ -42,19 +46,31 @@ from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 import redis as redis_py
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, RedisError
+from redis.exceptions import NoScriptError, RedisClusterException, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
 from .._errors import ConfigurationError, StoreError, StoreUnavailableError
-from ._base import Record, Reservation, new_token
+from ._base import Record, Reservation, instance_id, new_owned_token, new_token, token_owner
 from ._redis_lean import LeanRedis, ReplyError, pack_command
 
 __all__ = ["AsyncRedisStore", "RedisStore", "parse_redis_url"]
 
 _STORE = "redis"
 DEFAULT_PREFIX = "retrysafe:"
+#: Seconds a process's heartbeat key lives without renewal: how soon a dead owner's keys are
+#: taken over, and how long a paused (SIGSTOP, VM stall) process keeps them.
+DEFAULT_HEARTBEAT = 5.0
+#: Renewals per heartbeat TTL (one SET every TTL / 5 = 1 s by default).
+_BEATS_PER_TTL = 5
+#: A reserve that meets a record changing hands this often in a row gives up.
+_RESERVE_ATTEMPTS = 50
 T = TypeVar("T")
+logger = logging.getLogger("retrysafe.stores.redis")
+
+# What redis-py raises: its errors, socket errors, and the cluster client's own (which is not a
+# RedisError: "cannot be connected", no slot map...).
+_CLIENT_ERRORS = (RedisError, OSError, RedisClusterException)
 
 # Error replies that mean "the server cannot serve right now", not "the command is wrong".
 _UNAVAILABLE_REPLIES = ("LOADING", "BUSY", "MASTERDOWN", "READONLY", "CLUSTERDOWN", "TRYAGAIN")
@@ -82,7 +98,19 @@ _RELEASE = _load_script("release")
 _GET = _load_script("get")
 _MARK_COMMITTED = _load_script("mark_committed")
 _DELETE = _load_script("delete")
-SCRIPTS = (_RESERVE, _RENEW, _COMPLETE, _RELEASE, _GET, _MARK_COMMITTED, _DELETE)
+_TAKE_OVER = _load_script("take_over")
+_OWNER_ALIVE = _load_script("owner_alive")
+SCRIPTS = (
+    _RESERVE,
+    _RENEW,
+    _COMPLETE,
+    _RELEASE,
+    _GET,
+    _MARK_COMMITTED,
+    _DELETE,
+    _TAKE_OVER,
+    _OWNER_ALIVE,
+)
 
 
 # -- the operations, once, sans I/O --------------------------------------------------------------
@@ -103,7 +131,7 @@ def _ms(seconds: float) -> int:
 
 
 def _record(reply: Any) -> Record:
-    kind, fingerprint, payload = reply
+    kind, fingerprint, payload = reply[:3]
     if kind == 2:
         return Record(fingerprint.decode(), "completed", payload)
     # kind 0: in progress (payload: the key's PTTL); 3: committed (payload: ms left on lease).
@@ -115,10 +143,11 @@ def _record(reply: Any) -> Record:
     )
 
 
-def _parse_reserve(reply: Any, call: _Call[Reservation]) -> Reservation:
+def _parse_claim(reply: Any, call: _Call[Any]) -> tuple[Reservation, str | None]:
     if reply[0] == 1:
-        return Reservation(token=call.token)
-    return Reservation(record=_record(reply))
+        return Reservation(token=call.token), None
+    holder = reply[3].decode() if len(reply) > 3 and reply[3] is not None else None
+    return Reservation(record=_record(reply)), holder
 
 
 def _parse_flag(reply: Any, call: _Call[bool]) -> bool:
@@ -137,13 +166,33 @@ class _Commands:
     def __init__(self, prefix: str) -> None:
         self.prefix = prefix
 
-    def reserve(
-        self, record_id: str, fingerprint: str, lease: float, ttl: float
-    ) -> _Call[Reservation]:
-        token = new_token()
-        # The retention also bounds an in-progress record, as in every other store.
+    def claim(
+        self, record_id: str, fingerprint: str, lease: float, ttl: float, owned: bool
+    ) -> _Call[tuple[Reservation, str | None]]:
+        token = new_owned_token() if owned else new_token()
         args = (self.prefix + record_id, fingerprint, token, _ms(min(lease, ttl)), _ms(ttl))
-        return _Call(_RESERVE, args, _parse_reserve, token)
+        return _Call(_RESERVE, args, _parse_claim, token)
+
+    def owner_key(self, instance: str) -> str:
+        # Outside the records' prefix: whatever scans ``<prefix>*`` (stats, an operator's
+        # cleanup) sees records only. Every process with this prefix names the same key.
+        return f"retrysafe-owner:{self.prefix}{instance}"
+
+    def owner_alive(self, instance: str) -> _Call[bool]:
+        return _Call(_OWNER_ALIVE, (self.owner_key(instance),), _parse_flag)
+
+    def take_over(
+        self, record_id: str, holder: str, fingerprint: str, token: str, lease: float, ttl: float
+    ) -> _Call[bool]:
+        args = (
+            self.prefix + record_id,
+            holder,
+            fingerprint,
+            token,
+            _ms(min(lease, ttl)),
+            _ms(ttl),
+        )
+        return _Call(_TAKE_OVER, args, _parse_flag)
 
     def renew(self, record_id: str, token: str, lease: float) -> _Call[bool]:
         return _Call(_RENEW, (self.prefix + record_id, token, _ms(lease)), _parse_flag)
@@ -168,6 +217,147 @@ class _Commands:
         return _Call(_GET, (self.prefix + record_id,), _parse_get)
 
 
+def _conflict_op(
+    commands: _Commands,
+    claim: _Call[Any],
+    first: tuple[Reservation, str | None],
+    record_id: str,
+    fingerprint: str,
+    lease: float,
+    ttl: float,
+) -> Generator[_Call[Any], Any, Reservation]:
+    """After ``reserve`` met another process's in-progress record (``first``): take it over if
+    that process is dead. Both faces drive this generator; the non-conflict path never enters.
+
+    Costs one ``owner_alive`` call (the heartbeat key exists?), plus one ``take_over`` when the
+    heartbeat has lapsed.
+    """
+    reservation, holder = first
+    for _ in range(_RESERVE_ATTEMPTS):
+        record = reservation.record
+        owner = token_owner(holder)
+        if record is None or owner is None or owner == instance_id():
+            return reservation
+        if (yield commands.owner_alive(owner)):
+            return reservation
+        if record.committed:
+            # Effects happened and no one will store the answer: outcome unknown at once.
+            return Reservation(record=Record(record.fingerprint, "in_progress", committed=True))
+        token = claim.token or ""
+        if (yield commands.take_over(record_id, holder or "", fingerprint, token, lease, ttl)):
+            return Reservation(token=token)
+        # The record changed hands in between: read it again.
+        reservation, holder = yield claim
+    raise StoreError(
+        f"reserve met a changing record {_RESERVE_ATTEMPTS} times in a row", store=_STORE
+    )
+
+
+class _Heartbeat:
+    """This process's heartbeat key on one Redis, renewed by a daemon thread.
+
+    A thread, not the event loop: a loop stalled by CPU-bound work in a live process keeps
+    beating (the thread gets the GIL at every switch interval). The key is
+    ``retrysafe-owner:<prefix><instance id>`` with a TTL of ``ttl`` seconds, set again every
+    ``ttl / 5`` seconds. Tokens name this process only while the last successful beat is recent
+    enough that the key surely exists. After ``fork`` the child (new instance id, no thread)
+    starts its own.
+
+    Args:
+        make_client: builds the thread's own synchronous redis-py client.
+        key_of: the heartbeat key of an instance id.
+        ttl: the key's TTL in seconds.
+    """
+
+    def __init__(
+        self,
+        make_client: Callable[[], Any],
+        key_of: Callable[[str], str],
+        ttl: float,
+        *,
+        close_client: bool = True,
+    ):
+        self._make_client = make_client
+        self._close_client = close_client
+        #: Monotonic time before which a failed start is not tried again.
+        self.retry_at = 0.0
+        self._key_of = key_of
+        self.ttl = ttl
+        self.instance = ""
+        self._beat_at = float("-inf")
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        #: Successful renewals since start (the measured cost: beats per second).
+        self.beats = 0
+
+    def fresh(self) -> bool:
+        """Whether tokens may name this process now (its heartbeat key exists)."""
+        return (
+            self.instance == instance_id()
+            and time.monotonic() - self._beat_at < self.ttl * 0.6
+            and not self._stop.is_set()
+        )
+
+    def first_beat(self) -> tuple[str, int]:
+        """(key, TTL in ms) of the SET that starts this process's heartbeat."""
+        return self._key_of(instance_id()), _ms(self.ttl)
+
+    def started(self, instance: str, at: float) -> None:
+        """A SET by the caller (sent at monotonic time ``at``) succeeded: run the thread."""
+        with self._lock:
+            if self._stop.is_set() or instance != instance_id():
+                return
+            if self.instance == instance:
+                self._beat_at = max(self._beat_at, at)
+                return
+            self.instance = instance
+            self._beat_at = at
+            thread = threading.Thread(
+                target=self._run, args=(instance,), name="retrysafe-heartbeat", daemon=True
+            )
+            thread.start()
+
+    def start_sync(self, client: Any) -> bool:
+        """Start the heartbeat with a blocking first SET on ``client`` (the sync store)."""
+        instance = instance_id()
+        key, ttl_ms = self.first_beat()
+        at = time.monotonic()
+        if at < self.retry_at:
+            return False
+        try:
+            client.set(key, b"1", px=ttl_ms)
+        except _CLIENT_ERRORS as exc:
+            self.retry_at = at + 5.0
+            logger.warning("owner liveness off for now (heartbeat failed): %s", exc)
+            return False
+        self.started(instance, at)
+        return self.fresh()
+
+    def _run(self, instance: str) -> None:
+        client = self._make_client()
+        key = self._key_of(instance)
+        interval = self.ttl / _BEATS_PER_TTL
+        try:
+            while not self._stop.wait(interval) and self.instance == instance:
+                at = time.monotonic()
+                try:
+                    client.set(key, b"1", px=_ms(self.ttl))
+                except _CLIENT_ERRORS as exc:
+                    logger.warning("Redis heartbeat failed: %s", exc)
+                    continue
+                if self.instance == instance:
+                    self._beat_at = at
+                    self.beats += 1
+        finally:
+            if self._close_client:
+                client.close()
+
+    def stop(self) -> None:
+        """Stop renewing (the key lapses within its TTL; it is never deleted here, since
+        another store of this process may share it)."""
+        self._stop.set()
+
+
 def _reply_error(exc: Exception, call: _Call[Any]) -> StoreError:
     message = f"Redis {call.script.name} failed: {exc}"
     if str(exc).startswith(_UNAVAILABLE_REPLIES):
@@ -175,9 +365,9 @@ def _reply_error(exc: Exception, call: _Call[Any]) -> StoreError:
     return StoreError(message, store=_STORE)
 
 
-def _redis_py_error(exc: RedisError | OSError, call: _Call[Any]) -> StoreError:
+def _redis_py_error(exc: Exception, call: _Call[Any]) -> StoreError:
     message = f"Redis {call.script.name} failed: {type(exc).__name__}: {exc}"
-    if isinstance(exc, RedisConnectionError | RedisTimeoutError | OSError):
+    if isinstance(exc, RedisConnectionError | RedisTimeoutError | OSError | RedisClusterException):
         return StoreUnavailableError(message, store=_STORE)
     return _reply_error(exc, call)
 
@@ -200,6 +390,10 @@ class RedisURL:
         prefix: key prefix of every record (``?prefix=``).
         timeout: seconds per command (``?timeout=``).
         connect_timeout: seconds per connection attempt (``?connect_timeout=``).
+        heartbeat: TTL in seconds of this process's heartbeat key (``?heartbeat=``; owner
+            liveness). 0 turns liveness off: keys of a dead process then wait for the lease.
+        ssl_ca_certs: a CA file to verify the server's certificate with (``rediss://``,
+            ``?ssl_ca_certs=``; default: the system's CAs). Both faces honour it.
     """
 
     client_url: str
@@ -212,9 +406,11 @@ class RedisURL:
     prefix: str = DEFAULT_PREFIX
     timeout: float = 2.0
     connect_timeout: float = 2.0
+    heartbeat: float = DEFAULT_HEARTBEAT
+    ssl_ca_certs: str | None = None
 
 
-_STORE_OPTIONS = ("prefix", "timeout", "connect_timeout")
+_STORE_OPTIONS = ("prefix", "timeout", "connect_timeout", "heartbeat")
 
 
 def parse_redis_url(url: str) -> RedisURL:
@@ -238,10 +434,13 @@ def parse_redis_url(url: str) -> RedisURL:
         db = int(path) if path else int(dict(theirs).get("db", 0))
         timeout = float(ours.get("timeout", 2.0))
         connect_timeout = float(ours.get("connect_timeout", 2.0))
+        heartbeat = float(ours.get("heartbeat", DEFAULT_HEARTBEAT))
     except ValueError as exc:
         raise ConfigurationError(f"bad redis store URL option: {exc}") from exc
     if timeout <= 0 or connect_timeout <= 0:
         raise ConfigurationError("redis store timeouts must be positive")
+    if heartbeat < 0 or 0 < heartbeat < 0.5:
+        raise ConfigurationError("redis store heartbeat: 0 (off) or at least 0.5 seconds")
     return RedisURL(
         client_url=urlunsplit(parts._replace(query=urlencode(theirs))),
         host=parts.hostname or "127.0.0.1",
@@ -253,6 +452,8 @@ def parse_redis_url(url: str) -> RedisURL:
         prefix=ours.get("prefix", DEFAULT_PREFIX),
         timeout=timeout,
         connect_timeout=connect_timeout,
+        heartbeat=heartbeat,
+        ssl_ca_certs=dict(theirs).get("ssl_ca_certs"),
     )
 
 
@@ -274,6 +475,20 @@ def _own_options(url: str | None, client: Any, prefix: str | None) -> tuple[Redi
     if prefix is None:
         prefix = parsed.prefix if parsed is not None else DEFAULT_PREFIX
     return parsed, prefix
+
+
+def _sync_client_factory(parsed: RedisURL) -> Callable[[], Any]:
+    """A maker of the store's own redis-py client for ``parsed`` (retries off: see above)."""
+
+    def make() -> Any:
+        return redis_py.Redis.from_url(
+            parsed.client_url,
+            socket_timeout=parsed.timeout,
+            socket_connect_timeout=parsed.connect_timeout,
+            retry=Retry(NoBackoff(), 0),
+        )
+
+    return make
 
 
 # -- async ---------------------------------------------------------------------------------------
@@ -301,6 +516,13 @@ class AsyncRedisStore:
         self._commands = _Commands(self.prefix)
         self._client = client
         self._lean: LeanRedis | None = None
+        # Owner liveness needs a synchronous client for the heartbeat thread: built from the
+        # URL; a user's async client gets none (its keys wait for the lease).
+        self._heartbeat: _Heartbeat | None = None
+        if parsed is not None and parsed.heartbeat:
+            self._heartbeat = _Heartbeat(
+                _sync_client_factory(parsed), self._commands.owner_key, parsed.heartbeat
+            )
         if parsed is not None:
             self._lean = LeanRedis(
                 parsed.host,
@@ -308,7 +530,11 @@ class AsyncRedisStore:
                 db=parsed.db,
                 username=parsed.username,
                 password=parsed.password,
-                ssl=ssl_module.create_default_context() if parsed.tls else None,
+                ssl=(
+                    ssl_module.create_default_context(cafile=parsed.ssl_ca_certs)
+                    if parsed.tls
+                    else None
+                ),
                 timeout=parsed.timeout,
                 connect_timeout=parsed.connect_timeout,
             )
@@ -345,7 +571,7 @@ class AsyncRedisStore:
                 reply = await client.evalsha(script.sha, 1, *call.args)
             except NoScriptError:
                 reply = await client.eval(script.source, 1, *call.args)
-        except (RedisError, OSError) as exc:
+        except _CLIENT_ERRORS as exc:
             raise _redis_py_error(exc, call) from exc
         result: T = call.parse(reply, call)
         return result
@@ -354,7 +580,40 @@ class AsyncRedisStore:
         self, record_id: str, fingerprint: str, *, lease: float, ttl: float
     ) -> Reservation:
         """See :meth:`retrysafe.stores.AsyncStore.reserve`."""
-        return await self._run(self._commands.reserve(record_id, fingerprint, lease, ttl))
+        hb = self._heartbeat
+        owned = hb is not None and (hb.fresh() or await self._start_heartbeat(hb))
+        claim = self._commands.claim(record_id, fingerprint, lease, ttl, owned)
+        first = await self._run(claim)
+        if first[1] is None:
+            return first[0]
+        op = _conflict_op(self._commands, claim, first, record_id, fingerprint, lease, ttl)
+        try:
+            call = next(op)
+            while True:
+                call = op.send(await self._run(call))
+        except StopIteration as stop:
+            result: Reservation = stop.value
+            return result
+
+    async def _start_heartbeat(self, hb: _Heartbeat) -> bool:
+        """Start this process's heartbeat: the first SET on the store's own connection (so the
+        loop never blocks), then the thread renews it."""
+        instance = instance_id()
+        at = time.monotonic()
+        if at < hb.retry_at:
+            return False
+        key, ttl_ms = hb.first_beat()
+        try:
+            if self._lean is not None:
+                await self._lean.execute(pack_command(("SET", key, b"1", "PX", ttl_ms)))
+            else:
+                await self._client.set(key, b"1", px=ttl_ms)
+        except (StoreError, ReplyError, *_CLIENT_ERRORS) as exc:
+            hb.retry_at = at + 5.0
+            logger.warning("owner liveness off for now (heartbeat failed): %s", exc)
+            return False
+        hb.started(instance, at)
+        return hb.fresh()
 
     async def renew(self, record_id: str, token: str, *, lease: float) -> bool:
         """See :meth:`retrysafe.stores.AsyncStore.renew`."""
@@ -386,6 +645,8 @@ class AsyncRedisStore:
 
     async def aclose(self) -> None:
         """Close the store's own connection (a user-owned client is left open)."""
+        if self._heartbeat is not None:
+            self._heartbeat.stop()
         if self._lean is not None:
             await self._lean.aclose()
 
@@ -415,13 +676,15 @@ class RedisStore:
         self._commands = _Commands(self.prefix)
         self._owned = client is None
         if parsed is not None:
-            client = redis_py.Redis.from_url(
-                parsed.client_url,
-                socket_timeout=parsed.timeout,
-                socket_connect_timeout=parsed.connect_timeout,
-                retry=Retry(NoBackoff(), 0),
-            )
+            client = _sync_client_factory(parsed)()
         self._client: Any = client
+        self._heartbeat: _Heartbeat | None = None
+        heartbeat = parsed.heartbeat if parsed is not None else DEFAULT_HEARTBEAT
+        if heartbeat:
+            # The thread shares the store's client (redis-py's clients are thread-safe).
+            self._heartbeat = _Heartbeat(
+                lambda: client, self._commands.owner_key, heartbeat, close_client=False
+            )
 
     @classmethod
     def from_url(cls, url: str) -> RedisStore:
@@ -436,14 +699,27 @@ class RedisStore:
                 reply = client.evalsha(script.sha, 1, *call.args)
             except NoScriptError:
                 reply = client.eval(script.source, 1, *call.args)
-        except (RedisError, OSError) as exc:
+        except _CLIENT_ERRORS as exc:
             raise _redis_py_error(exc, call) from exc
         result: T = call.parse(reply, call)
         return result
 
     def reserve(self, record_id: str, fingerprint: str, *, lease: float, ttl: float) -> Reservation:
         """See :meth:`retrysafe.stores.Store.reserve`."""
-        return self._run(self._commands.reserve(record_id, fingerprint, lease, ttl))
+        hb = self._heartbeat
+        owned = hb is not None and (hb.fresh() or hb.start_sync(self._client))
+        claim = self._commands.claim(record_id, fingerprint, lease, ttl, owned)
+        first = self._run(claim)
+        if first[1] is None:
+            return first[0]
+        op = _conflict_op(self._commands, claim, first, record_id, fingerprint, lease, ttl)
+        try:
+            call = next(op)
+            while True:
+                call = op.send(self._run(call))
+        except StopIteration as stop:
+            result: Reservation = stop.value
+            return result
 
     def renew(self, record_id: str, token: str, *, lease: float) -> bool:
         """See :meth:`retrysafe.stores.Store.renew`."""
@@ -475,5 +751,7 @@ class RedisStore:
 
     def close(self) -> None:
         """Close the store's own client (a user-owned client is left open)."""
+        if self._heartbeat is not None:
+            self._heartbeat.stop()
         if self._owned:
             self._client.close()

@@ -31,7 +31,8 @@ from typing import Any, TypeVar
 from urllib.parse import parse_qs
 
 from .._errors import ConfigurationError, StoreError, StoreUnavailableError
-from ._base import Record, Reservation, new_token
+from . import _liveness
+from ._base import Record, Reservation, instance_id, new_owned_token, new_token, token_owner
 from ._inline import InlineAsyncStore
 from ._sql import load_queries
 
@@ -180,6 +181,9 @@ class SQLiteStore:
         self._schema_lock = threading.Lock()
         self._schema_ready = False
         self._connections: list[sqlite3.Connection] = []
+        # Owner liveness: the instance id registered in this file, and this process's identity.
+        self._registered = ""
+        self._here: _liveness.ProcessIdentity | None = None
 
     @classmethod
     def from_url(cls, url: str) -> SQLiteStore:
@@ -249,7 +253,24 @@ class SQLiteStore:
         row = self._run("get", {"id": record_id, "now": now}).fetchone()
         if row is None or (row[1] == 0 and row[2] <= now):
             return None  # new, or a lapsed lease to take over: only the write decides
-        return Reservation(record=self._record(row, now))
+        record = self._record(row, now)
+        if record.state == "in_progress" and self._holder_dead(record_id, now):
+            return None  # a dead owner's key: taking it over needs the write
+        return Reservation(record=record)
+
+    def _holder_dead(self, record_id: str, now: float) -> bool:
+        """Whether the owner of ``record_id``'s in-progress record is known dead (read only)."""
+        here = self._here or _liveness.this_process()
+        if here is None:
+            return False
+        row = self._run("holder", {"id": record_id, "now": now}).fetchone()
+        if row is None:
+            return False
+        holder, host, pid, start = row
+        owner = token_owner(holder)
+        if owner is None or host is None or owner == instance_id():
+            return False
+        return _liveness.is_dead(_liveness.ProcessIdentity(host, pid, start), here)
 
     def reserve(self, record_id: str, fingerprint: str, *, lease: float, ttl: float) -> Reservation:
         """See :meth:`retrysafe.stores.Store.reserve`.
@@ -266,16 +287,16 @@ class SQLiteStore:
                 return settled
         while True:
             now = self._clock()
-            token = new_token()
-            params = {
-                "id": record_id,
-                "fingerprint": fingerprint,
-                "token": token,
-                "lease_expires_at": now + lease,
-                "expires_at": now + ttl,
-                "now": now,
-            }
             try:
+                token = self._new_token()  # registers this process in the file once (a write)
+                params = {
+                    "id": record_id,
+                    "fingerprint": fingerprint,
+                    "token": token,
+                    "lease_expires_at": now + lease,
+                    "expires_at": now + ttl,
+                    "now": now,
+                }
                 won = self._run("reserve", params).fetchall()
             except SQLiteBusyError:
                 # WAL readers never wait for the writer: a key whose record decides is
@@ -288,8 +309,72 @@ class SQLiteStore:
                 return Reservation(token=token)
             row = self._run("get", {"id": record_id, "now": now}).fetchone()
             if row is not None:
-                return Reservation(record=self._record(row, now))
-            # Released or purged between the two statements: try again.
+                record = self._record(row, now)
+                if record.state != "in_progress" or self._here is None:
+                    return Reservation(record=record)
+                found = self._owner_check(record_id, fingerprint, record, lease, ttl, now)
+                if found is not None:
+                    return found
+            # Released, purged or taken over between the statements: try again.
+
+    # -- owner liveness (see retrysafe.stores._liveness) ----------------------------------------
+
+    def _new_token(self) -> str:
+        """A token naming this process once it is registered in the file, else a plain one."""
+        instance = instance_id()
+        if self._registered != instance:
+            here = _liveness.this_process()
+            if here is not None:
+                self._run("create_owners", {})
+                self._run(
+                    "register_owner",
+                    {"instance": instance, "host": here.host, "pid": here.pid, "start": here.start},
+                )
+            self._here = here
+            self._registered = instance
+        return new_owned_token() if self._here is not None else new_token()
+
+    def _owner_check(
+        self, record_id: str, fingerprint: str, record: Record, lease: float, ttl: float, now: float
+    ) -> Reservation | None:
+        """After a conflict with an in-progress record: take it over if its owner is dead.
+
+        Two statements at most, on conflicts only (read the holder; replace it if dead).
+        Returns the reservation or record to answer, or ``None`` when the record changed hands
+        in between (the caller tries again).
+        """
+        row = self._run("holder", {"id": record_id, "now": now}).fetchone()
+        if row is None:
+            return None
+        holder, host, pid, start = row
+        owner = token_owner(holder)
+        if owner is None or host is None or owner == instance_id():
+            return Reservation(record=record)
+        if not _liveness.is_dead(_liveness.ProcessIdentity(host, pid, start), self._here):
+            return Reservation(record=record)
+        if record.committed:
+            # Effects happened and no one will store the answer: outcome unknown at once.
+            return Reservation(record=Record(record.fingerprint, "in_progress", committed=True))
+        token = new_owned_token()
+        taken = self._run(
+            "take_over",
+            {
+                "id": record_id,
+                "holder": holder,
+                "fingerprint": fingerprint,
+                "token": token,
+                "lease_expires_at": now + lease,
+                "expires_at": now + ttl,
+            },
+        ).fetchall()
+        return Reservation(token=token) if taken else None
+
+    def _forget_dead_owners(self) -> None:
+        if self._here is None:
+            return
+        for instance, host, pid, start in self._run("owners", {}).fetchall():
+            if _liveness.is_dead(_liveness.ProcessIdentity(host, pid, start), self._here):
+                self._run("forget_owner", {"instance": instance})
 
     def renew(self, record_id: str, token: str, *, lease: float) -> bool:
         """See :meth:`retrysafe.stores.Store.renew`."""
@@ -337,6 +422,7 @@ class SQLiteStore:
         """See :meth:`retrysafe.stores.Store.purge_expired`; deletes in batches."""
         total = 0
         now = self._clock()
+        self._forget_dead_owners()
         while True:
             deleted = self._run("purge", {"now": now, "batch": _PURGE_BATCH}).rowcount
             total += deleted

@@ -7,8 +7,10 @@
 -- While in progress the key's TTL is the lease, so a crashed owner's record vanishes when its
 -- lease lapses and the next reserve simply creates a new one (takeover). A committed record is
 -- never taken over: its TTL is the retention, its lease is kept in l. Completed: the retention.
--- Returns {1} when this call won, else the record as get.lua does.
-local v = redis.call('HMGET', KEYS[1], 's', 'f', 'r', 'l')
+-- Returns {1} when this call won (also when a resent call finds its own reservation), else the
+-- record as get.lua does plus the holder's token (owner liveness: reserve asks whether that
+-- token's owner is alive, and take_over.lua replaces it if not).
+local v = redis.call('HMGET', KEYS[1], 's', 'f', 'r', 'l', 't')
 if not v[1] then
   local now = redis.call('TIME')
   local x = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000) + tonumber(ARGV[4])
@@ -19,9 +21,13 @@ end
 if v[1] == '1' then
   return {2, v[2], v[3]}
 end
+local t = v[5]
 if v[1] == '2' then
   local now = redis.call('TIME')
   local ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
-  return {3, v[2], math.max(0, tonumber(v[4]) - ms)}
+  return {3, v[2], math.max(0, tonumber(v[4]) - ms), t}
 end
-return {0, v[2], redis.call('PTTL', KEYS[1])}
+if t == ARGV[2] then
+  return {1}
+end
+return {0, v[2], redis.call('PTTL', KEYS[1]), t}

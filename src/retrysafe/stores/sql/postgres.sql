@@ -39,7 +39,7 @@ CREATE INDEX IF NOT EXISTS {index} ON {table} (expires_at);
 -- retention ended or whose lease lapsed (ON CONFLICT ... WHERE, re-checked on the latest row
 -- version under its row lock). A duplicate of a live key therefore costs a plain read: no row
 -- lock, no transaction id, no commit flush.
--- Rows: (won, fingerprint, state, lease_remaining, response). won is true when this call holds
+-- Rows: (won, fingerprint, state, lease_remaining, response, holder token). won is true when this call holds
 -- the key (inserted, took over, or - on a retry after a lost connection - already held it with
 -- this token). NO ROW comes back when another transaction committed the key after this
 -- statement's snapshot was taken (the insert conflicts, the snapshot cannot see the row): the
@@ -77,13 +77,14 @@ ins AS (
        OR (r.state = 0 AND r.lease_expires_at <= clock_timestamp())
     RETURNING true
 )
-SELECT true, NULL::text, NULL::smallint, NULL::float8, NULL::bytea FROM ins
+SELECT true, NULL::text, NULL::smallint, NULL::float8, NULL::bytea, NULL::text FROM ins
 UNION ALL
 SELECT e.token IS NOT DISTINCT FROM :token::text AND e.state = 0,
        e.fingerprint,
        e.state,
        extract(epoch FROM e.lease_expires_at - clock_timestamp())::float8,
-       e.response
+       e.response,
+       e.token
 FROM existing AS e;
 
 -- name: get
@@ -173,3 +174,41 @@ deleted AS (
     DELETE FROM {table} WHERE id IN (SELECT id FROM doomed) RETURNING 1
 )
 SELECT count(*) FROM deleted;
+
+-- Owner liveness. Each process holds a session-level SHARED advisory lock named by its instance
+-- id on one dedicated connection of its own (shared: several stores of one process may hold it
+-- side by side). The server drops the lock the moment that session ends, so when the process
+-- dies (its socket closes) the lock is free.
+
+-- name: owner_lock
+SELECT pg_advisory_lock_shared(:owner_class::int, :owner_key::int);
+
+-- name: take_over
+-- Run only when a reserve met an in-progress record of another process. The exclusive try-lock
+-- succeeds only if no session holds the owner's shared lock: the owner is gone. It is a
+-- transaction-level lock, released when this statement ends. Then, and only then, the very
+-- reservation that was found is replaced (fenced on its token, never a committed one).
+-- Row: (owner dead, taken over).
+WITH cfg AS (
+    SELECT set_config(
+        'synchronous_commit',
+        COALESCE(:synchronous_commit::text, current_setting('synchronous_commit')),
+        true
+    )
+),
+gone AS (
+    SELECT pg_try_advisory_xact_lock(:owner_class::int, :owner_key::int) AS dead
+),
+took AS (
+    UPDATE {table} AS r
+    SET fingerprint = :fingerprint::text,
+        state = 0,
+        token = :token::text,
+        lease_expires_at = clock_timestamp() + make_interval(secs => :lease::float8),
+        expires_at = clock_timestamp() + make_interval(secs => :ttl::float8),
+        response = NULL
+    FROM gone, cfg
+    WHERE r.id = :id::text AND r.token = :holder::text AND r.state = 0 AND gone.dead
+    RETURNING true
+)
+SELECT gone.dead, EXISTS (SELECT 1 FROM took) FROM gone;

@@ -60,3 +60,41 @@ DELETE FROM retrysafe_records WHERE id = :id AND token = :token AND state IN (0,
 -- name: purge
 DELETE FROM retrysafe_records
 WHERE id IN (SELECT id FROM retrysafe_records WHERE expires_at <= :now LIMIT :batch);
+
+-- Owner liveness (see retrysafe.stores._liveness). One row per process that reserved in this
+-- file: its instance id (the first 24 characters of its tokens) and who it is on this host.
+-- Written once per process; read only when a reserve meets an in-progress record.
+
+-- name: create_owners
+CREATE TABLE IF NOT EXISTS retrysafe_owners (
+    instance TEXT PRIMARY KEY,
+    host TEXT NOT NULL,
+    pid INTEGER NOT NULL,
+    start INTEGER NOT NULL
+) WITHOUT ROWID;
+
+-- name: register_owner
+INSERT OR REPLACE INTO retrysafe_owners (instance, host, pid, start)
+VALUES (:instance, :host, :pid, :start);
+
+-- name: holder
+-- The in-progress record's token and its owner's identity (NULLs when the owner is unknown).
+SELECT r.token, o.host, o.pid, o.start
+FROM retrysafe_records AS r
+LEFT JOIN retrysafe_owners AS o ON o.instance = substr(r.token, 1, 24)
+WHERE r.id = :id AND r.expires_at > :now AND r.state IN (0, 2);
+
+-- name: take_over
+-- Fenced like a lease takeover: only the very reservation found with a dead owner is replaced,
+-- and never a committed one (state 2: outcome unknown, not run again).
+UPDATE retrysafe_records
+SET fingerprint = :fingerprint, state = 0, token = :token,
+    lease_expires_at = :lease_expires_at, expires_at = :expires_at, response = NULL
+WHERE id = :id AND token = :holder AND state = 0
+RETURNING token;
+
+-- name: owners
+SELECT instance, host, pid, start FROM retrysafe_owners;
+
+-- name: forget_owner
+DELETE FROM retrysafe_owners WHERE instance = :instance;
