@@ -69,8 +69,7 @@ def request_from_environ(environ: Mapping[str, Any]) -> Request:
         headers.append((b"content-length", length.encode("latin-1")))
     return Request(
         environ.get("REQUEST_METHOD", "GET"),
-        # PEP 3333 carries the path as latin-1 text of its bytes; ASGI as UTF-8: decode the same.
-        (environ.get("PATH_INFO", "") or "/").encode("latin-1").decode("utf-8", "replace"),
+        _path(environ.get("PATH_INFO", "") or "/"),
         environ.get("QUERY_STRING", "").encode("latin-1"),
         keys,
         content_length(length),
@@ -79,6 +78,14 @@ def request_from_environ(environ: Mapping[str, Any]) -> Request:
         environ.get("REMOTE_USER") or None,
         headers,
     )
+
+
+def _path(raw: str) -> str:
+    # PEP 3333 carries the path as latin-1 text of its bytes; ASGI as UTF-8: decode the same.
+    try:
+        return raw.encode("latin-1").decode("utf-8", "replace")
+    except UnicodeEncodeError:  # already decoded text (a framework's environ, e.g. Django's META)
+        return raw
 
 
 class IdempotencyMiddleware:

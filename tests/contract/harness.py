@@ -4,10 +4,11 @@ The same small orders app runs behind the ASGI shell (a Starlette app, driven th
 ``httpx.ASGITransport`` on an event loop in a background thread), behind the WSGI shell (a
 bare WSGI callable, driven through :class:`ServerTransport`, which builds the environ as a WSGI
 server does) and behind a framework integration driven through the framework's own test client
-(shell ``flask``: Flask views under ``retrysafe.contrib.flask``, see ``flask_front.py``; any such
-front implements :class:`ClientFront` and is named in :func:`client_front`). Tests talk to every
-shell through one sync API (:meth:`Service.post`) and use threads for concurrency, so every test
-reads the same on every front.
+(shell ``flask``: Flask views under ``retrysafe.contrib.flask``, see ``flask_front.py``; shells
+``django`` and ``django-async``: Django views under ``retrysafe.contrib.django``, see
+``django_front.py``; any such front implements :class:`ClientFront` and is named in
+:func:`client_front`). Tests talk to every shell through one sync API (:meth:`Service.post`)
+and use threads for concurrency, so every test reads the same on every front.
 
 The app's one route (any path) counts its runs per path (the "effect") and takes knobs from the
 query string:
@@ -70,7 +71,7 @@ REPLAYED = "idempotency-replayed"
 WAIT = 15.0
 
 #: The shells that take the backend's async store; every other shell takes its sync store.
-ASYNC_SHELLS = frozenset({"asgi"})
+ASYNC_SHELLS = frozenset({"asgi", "django-async"})
 
 Headers = Sequence[tuple[str | bytes, str | bytes]] | dict[str, str] | None
 
@@ -363,7 +364,8 @@ class ClientFront(Protocol):
         """Send the request and go away after ``after`` parts of the response were read."""
 
     def close(self) -> None:
-        """Release what the front holds (not the store: the service closes it)."""
+        """Release what the front holds: not a sync store (the service closes it); an async
+        store (an async shell's) is closed by its front, on the front's event loop."""
 
 
 class _BuildOnly(httpx.BaseTransport):
@@ -380,6 +382,14 @@ def client_front(shell: str, store: Any, world: World, **options: Any) -> Client
         from .flask_front import FlaskFront
 
         return FlaskFront(store, world, **options)
+    if shell == "django":
+        from .django_front import DjangoFront
+
+        return DjangoFront(store, world, **options)
+    if shell == "django-async":
+        from .django_front import DjangoAsyncFront
+
+        return DjangoAsyncFront(store, world, **options)
     raise ValueError(f"unknown shell {shell!r}")
 
 
@@ -529,7 +539,8 @@ class Service:
             if self.front is not None:
                 self.front.close()
             self.client.close()
-            self.store.close()
+            if self.shell not in ASYNC_SHELLS:
+                self.store.close()
             return
         self._run(self._aclose())
         self.loop.call_soon_threadsafe(self.loop.stop)

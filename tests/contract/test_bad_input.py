@@ -46,10 +46,11 @@ def test_odd_bodies_run_once_and_replay(
         "/orders?a=%ZZ&&b",
         "/orders?%ff=%00",
         "/orders/caf%C3%A9",
+        "/orders/%E2%82%AC",  # U+20AC: UTF-8 that is not Latin-1 once decoded
         "/orders/%ff",
         "/orders?" + "q" * 4000,
     ],
-    ids=["bad-escape", "binary-query", "utf8-path", "latin1-path", "long-query"],
+    ids=["bad-escape", "binary-query", "utf8-path", "euro-path", "latin1-path", "long-query"],
 )
 def test_odd_paths_and_queries_run_once_and_replay(
     make_service: ServiceFactory, world: World, path: str

@@ -1,7 +1,8 @@
-"""One flow for every front: an app served by the ASGI shell and a sync one (the WSGI shell, or
-Flask under ``retrysafe.contrib.flask``) at once over one store (a mixed fleet, a migration from
-one framework to another) keeps one record per request, and a ``scope_resolver`` sees the same
-neutral request on both."""
+"""One flow for every front: an app served by an async front (the ASGI shell, or Django's ASGI
+path) and a sync one (the WSGI shell, Flask under ``retrysafe.contrib.flask``, or Django's WSGI
+path) at once over one store (a mixed fleet, a migration from one framework or deployment to
+another) keeps one record per request, and a ``scope_resolver`` sees the same neutral request
+on both."""
 
 from __future__ import annotations
 
@@ -16,11 +17,17 @@ from .harness import REPLAYED, Service, World
 
 ORDER = {"item": "book", "quantity": 2}
 
-# The backend fixture builds the ASGI face; the other face (``other``) is opened over the same
+# The backend fixture builds the async face; the other face (``other``) is opened over the same
 # data with the backend's sync store.
 pytestmark = pytest.mark.parametrize(
     ("shell", "other"),
-    [pytest.param("asgi", "wsgi", id="asgi+wsgi"), pytest.param("asgi", "flask", id="asgi+flask")],
+    [
+        pytest.param("asgi", "wsgi", id="asgi+wsgi"),
+        pytest.param("asgi", "flask", id="asgi+flask"),
+        pytest.param("asgi", "django", id="asgi+django"),
+        # One Django project deployed under ASGI and WSGI at once (a move from one to the other).
+        pytest.param("django-async", "django", id="django-async+django"),
+    ],
 )
 
 
@@ -76,7 +83,7 @@ def test_a_running_request_on_one_front_is_a_409_on_the_other(
 
 
 def test_scope_resolver_sees_the_same_neutral_request_on_both_fronts(
-    backend: Backend, make_service: ServiceFactory, world: World, other: str
+    backend: Backend, make_service: ServiceFactory, world: World, shell: str, other: str
 ) -> None:
     seen: dict[str, retrysafe.Request] = {}
 
@@ -94,7 +101,7 @@ def test_scope_resolver_sees_the_same_neutral_request_on_both_fronts(
             front.post(path, key="k1", json=ORDER, params=query, headers=headers)
     finally:
         wsgi.close()
-    a, w = seen["asgi"], seen[other]
+    a, w = seen[shell], seen[other]
     assert (a.method, a.path, a.query) == ("POST", "/orders/café", b"q=1")
     names = ("method", "path", "query", "keys", "content_length", "content_type")
     differ = {n: (getattr(a, n), getattr(w, n)) for n in (*names, "authorization", "user")}
