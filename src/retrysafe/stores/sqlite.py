@@ -203,7 +203,7 @@ class SQLiteStore:
             )
             conn.execute(f"PRAGMA busy_timeout = {self._busy_ms}")
             if self.path != ":memory:":
-                conn.execute("PRAGMA journal_mode = WAL")
+                self._use_wal(conn)
             conn.execute("PRAGMA synchronous = NORMAL")
             with self._schema_lock:
                 if not self._schema_ready:
@@ -214,6 +214,22 @@ class SQLiteStore:
             raise _store_error("open", exc) from exc
         self._connections.append(conn)
         return conn
+
+    def _use_wal(self, conn: sqlite3.Connection) -> None:
+        # Switching a new file to WAL takes an exclusive lock, and SQLite reports busy at once
+        # (no busy handler) when other connections open it at the same moment: try again within
+        # the store's busy timeout. With a timeout of 0 (the async face's connections) it raises
+        # at once, and the async face retries after an awaited back-off.
+        deadline = time.monotonic() + self._busy_ms / 1000
+        while True:
+            try:
+                conn.execute("PRAGMA journal_mode = WAL")
+                return
+            except sqlite3.OperationalError as exc:
+                text = str(exc)
+                if ("locked" not in text and "busy" not in text) or time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.005)
 
     def _connect(self) -> sqlite3.Connection:
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
