@@ -7,8 +7,26 @@ from __future__ import annotations
 
 import functools
 from importlib import resources
+from typing import Any
 
-__all__ = ["load_queries"]
+from ._base import Record
+
+__all__ = ["load_queries", "record_from_row"]
+
+
+def record_from_row(row: tuple[Any, ...], now: float) -> Record:
+    """A record from a ``(fingerprint, state, lease_expires_at, response)`` row of the SQL
+    stores that keep wall-clock seconds (SQLite, the Django ORM store); state 0 in progress,
+    1 completed, 2 in progress with its effects committed."""
+    fingerprint, state, lease_expires_at, response = row
+    if state == 1:
+        return Record(fingerprint, "completed", bytes(response))
+    return Record(
+        fingerprint,
+        "in_progress",
+        lease_remaining=max(0.0, lease_expires_at - now),
+        committed=state == 2,
+    )
 
 
 @functools.cache

@@ -34,7 +34,7 @@ from .._errors import ConfigurationError, StoreError, StoreUnavailableError
 from . import _liveness
 from ._base import Record, Reservation, instance_id, new_owned_token, new_token, token_owner
 from ._inline import InlineAsyncStore
-from ._sql import load_queries
+from ._sql import load_queries, record_from_row
 
 __all__ = [
     "DEFAULT_BUSY_TIMEOUT",
@@ -250,17 +250,7 @@ class SQLiteStore:
         except sqlite3.Error as exc:
             raise _store_error(name, exc) from exc
 
-    @staticmethod
-    def _record(row: tuple[Any, ...], now: float) -> Record:
-        fingerprint, state, lease_expires_at, response = row
-        if state == 1:
-            return Record(fingerprint, "completed", bytes(response))
-        return Record(
-            fingerprint,
-            "in_progress",
-            lease_remaining=max(0.0, lease_expires_at - now),
-            committed=state == 2,
-        )
+    _record = staticmethod(record_from_row)
 
     def _settled(self, record_id: str) -> Reservation | None:
         """The record of ``record_id`` when it decides the reservation without a write (read

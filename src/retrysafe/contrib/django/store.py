@@ -32,6 +32,7 @@ from django.db import (
 
 from ..._errors import ConfigurationError, StoreError, StoreUnavailableError
 from ...stores._base import Record, Reservation, new_token
+from ...stores._sql import record_from_row
 
 __all__ = [
     "AsyncDjangoStore",
@@ -160,17 +161,7 @@ class DjangoStore:
                 conn.close_if_unusable_or_obsolete()
             raise _store_error(name, exc) from exc
 
-    @staticmethod
-    def _record(row: tuple[Any, ...], now: float) -> Record:
-        fingerprint, state, lease_expires_at, response = row
-        if state == 1:
-            return Record(fingerprint, "completed", bytes(response))
-        return Record(
-            fingerprint,
-            "in_progress",
-            lease_remaining=max(0.0, lease_expires_at - now),
-            committed=state == 2,
-        )
+    _record = staticmethod(record_from_row)
 
     def reserve(self, record_id: str, fingerprint: str, *, lease: float, ttl: float) -> Reservation:
         """See :meth:`retrysafe.stores.Store.reserve`."""
