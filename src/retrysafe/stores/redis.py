@@ -32,6 +32,7 @@ find its own reservation and answer 409), so the store's own redis-py client has
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import ssl as ssl_module
@@ -519,6 +520,7 @@ class AsyncRedisStore:
         # Owner liveness needs a synchronous client for the heartbeat thread: built from the
         # URL; a user's async client gets none (its keys wait for the lease).
         self._heartbeat: _Heartbeat | None = None
+        self._heartbeat_starting: asyncio.Lock | None = None
         if parsed is not None and parsed.heartbeat:
             self._heartbeat = _Heartbeat(
                 _sync_client_factory(parsed), self._commands.owner_key, parsed.heartbeat
@@ -597,7 +599,16 @@ class AsyncRedisStore:
 
     async def _start_heartbeat(self, hb: _Heartbeat) -> bool:
         """Start this process's heartbeat: the first SET on the store's own connection (so the
-        loop never blocks), then the thread renews it."""
+        loop never blocks), then the thread renews it. Once: concurrent first requests wait for
+        it (redis-py's async cluster client fails commands sent while it opens a connection)."""
+        if self._heartbeat_starting is None:
+            self._heartbeat_starting = asyncio.Lock()
+        async with self._heartbeat_starting:
+            if hb.fresh():
+                return True  # another request started it while this one waited
+            return await self._first_beat(hb)
+
+    async def _first_beat(self, hb: _Heartbeat) -> bool:
         instance = instance_id()
         at = time.monotonic()
         if at < hb.retry_at:
