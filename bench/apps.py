@@ -9,6 +9,7 @@ The protected variants put an idempotency layer in front of the very same endpoi
 users install it (``Starlette(middleware=[...])``):
 
 - ``retrysafe``: :class:`retrysafe.asgi.IdempotencyMiddleware` with a store URL.
+- ``lean``: the lean-prototype baseline of ``bench/lean.py`` on the same store URL.
 - ``idemkit``, ``fastapi-idempotency-key``, ``asgi-idempotency-header``: the peers, imported from
   the separate bench virtualenv (``bench/.venv-bench-peers``), each on Redis.
 
@@ -25,7 +26,14 @@ import os
 import sys
 from typing import Any
 
-APPS = ("bare", "retrysafe", "idemkit", "fastapi-idempotency-key", "asgi-idempotency-header")
+APPS = (
+    "bare",
+    "retrysafe",
+    "lean",
+    "idemkit",
+    "fastapi-idempotency-key",
+    "asgi-idempotency-header",
+)
 
 
 def _endpoint() -> Any:
@@ -68,6 +76,10 @@ def build_app(name: str, store: str = "", prefix: str = "") -> Any:
         from retrysafe.asgi import IdempotencyMiddleware
 
         return _starlette([Middleware(IdempotencyMiddleware, store=store)])
+    if name == "lean":
+        from lean import LeanASGI
+
+        return _starlette([Middleware(LeanASGI, store=store)])
     if name == "idemkit":
         # Closest to retrysafe's defaults: fingerprint over method, path, query and raw body;
         # 30 s lease, 24 h retention, fail closed, no in-process replay cache (retrysafe has

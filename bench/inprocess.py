@@ -27,6 +27,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from apps import build_app
+from lean import LeanASGI, LeanWSGI
 
 from retrysafe.stores import AsyncMemoryStore, MemoryStore, Record, Reservation
 
@@ -189,6 +190,12 @@ def measure(requests: int, repeat: int) -> dict[str, float]:
         "asgi do-nothing store, new key": lambda: _asgi_cpu_us(
             ASGIMiddleware(bare, store=NullStore(), detach_handler="never"), new_key, requests
         ),
+        "asgi lean prototype, new key": lambda: _asgi_cpu_us(
+            LeanASGI(bare, "memory://"), new_key, requests
+        ),
+        "asgi lean prototype, replay": lambda: _asgi_cpu_us(
+            LeanASGI(bare, "memory://"), same_key, requests
+        ),
         "wsgi bare endpoint": lambda: _wsgi_cpu_us(_wsgi_endpoint, no_key, requests),
         "wsgi memory, new key": lambda: _wsgi_cpu_us(
             WSGIMiddleware(_wsgi_endpoint, store=MemoryStore()), new_key, requests
@@ -202,6 +209,12 @@ def measure(requests: int, repeat: int) -> dict[str, float]:
         "wsgi do-nothing store, new key": lambda: _wsgi_cpu_us(
             WSGIMiddleware(_wsgi_endpoint, store=NullStore()), new_key, requests
         ),
+        "wsgi lean prototype, new key": lambda: _wsgi_cpu_us(
+            LeanWSGI(_wsgi_endpoint), new_key, requests
+        ),
+        "wsgi lean prototype, replay": lambda: _wsgi_cpu_us(
+            LeanWSGI(_wsgi_endpoint), same_key, requests
+        ),
     }
     if WSGIMiddleware is None:
         cases = {name: case for name, case in cases.items() if not name.startswith("wsgi")}
@@ -209,7 +222,14 @@ def measure(requests: int, repeat: int) -> dict[str, float]:
     for _ in range(repeat):  # interleaved, so a noisy moment hits every case alike
         for name, case in cases.items():
             results[name].append(case())
-    return {name: statistics.median(values) for name, values in results.items()}
+    figures = {name: statistics.median(values) for name, values in results.items()}
+    # What the targets are stated in: the middleware's own cost over the bare endpoint.
+    for shell in ("asgi", "wsgi"):
+        bare_us = figures.get(f"{shell} bare endpoint")
+        for case in ("memory, new key", "memory, no key", "lean prototype, new key"):
+            if bare_us is not None and f"{shell} {case}" in figures:
+                figures[f"{shell} {case}: over bare"] = figures[f"{shell} {case}"] - bare_us
+    return figures
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -228,7 +228,7 @@ class AppSpec:
 
     @property
     def is_peer(self) -> bool:
-        return self.app not in ("bare", "retrysafe")
+        return self.app not in ("bare", "retrysafe", "lean")
 
 
 def free_port() -> int:
@@ -248,7 +248,7 @@ def start_server(spec: AppSpec, pin: bool, profile_dir: Path | None) -> None:
     if pin:
         cmd += ["--cpu", str(SERVER_CPU)]
     env = dict(os.environ)
-    env["PYTHONPATH"] = str(ROOT / "src") if spec.app in ("bare", "retrysafe") else ""
+    env["PYTHONPATH"] = str(ROOT / "src") if spec.app in ("bare", "retrysafe", "lean") else ""
     if profile_dir is not None and spec.app == "retrysafe":
         env["BENCH_PROFILE"] = str(profile_dir / f"{spec.label.replace('/', '-')}.prof")
     spec.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdin=subprocess.DEVNULL)
@@ -608,6 +608,38 @@ def versus_peers(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def versus_lean(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """retrysafe against the lean prototype on the same store, per scenario."""
+    out = []
+    for ours in rows:
+        if not ours["label"].startswith("retrysafe/"):
+            continue
+        lean = next(
+            (
+                r
+                for r in rows
+                if r["scenario"] == ours["scenario"] and r["label"] == f"lean/{ours['store']}"
+            ),
+            None,
+        )
+        if lean is None or not lean["ratio"] or ours["ratio"] is None:
+            continue
+        out.append(
+            {
+                "scenario": ours["scenario"],
+                "store": ours["store"],
+                "ratio": ours["ratio"],
+                "lean_ratio": lean["ratio"],
+                "cpu_extra_us": (
+                    ours["cpu_us_per_req"] - lean["cpu_us_per_req"]
+                    if ours["cpu_us_per_req"] and lean["cpu_us_per_req"]
+                    else None
+                ),
+            }
+        )
+    return out
+
+
 def markdown(report: dict[str, Any]) -> str:
     meta = report["meta"]
     lines = [
@@ -690,6 +722,19 @@ def markdown(report: dict[str, Any]) -> str:
             lines.append(
                 f"| {v['scenario']} | {v['peer']} | {v['throughput_x']:.2f}x "
                 f"| {fmt(v['ratio_x'], '.2f')}x | {fmt(v['cpu_x'], '.2f')}x |"
+            )
+        lines.append("")
+    if report.get("versus_lean"):
+        lines += [
+            "## retrysafe against the lean prototype (bench/lean.py, same store)",
+            "",
+            "| scenario | store | retrysafe ratio | lean ratio | retrysafe CPU/req over lean |",
+            "|---|---|---:|---:|---:|",
+        ]
+        for v in report["versus_lean"]:
+            lines.append(
+                f"| {v['scenario']} | {v['store']} | {v['ratio']:.2f} | {v['lean_ratio']:.2f} "
+                f"| {fmt(v['cpu_extra_us'], '+.0f')} us |"
             )
         lines.append("")
     notes = report.get("semantics", {})
@@ -860,6 +905,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--stores", default=",".join(STORES))
     parser.add_argument("--scenarios", default=",".join(SCENARIOS))
     parser.add_argument("--no-peers", action="store_true", help="skip the peers")
+    parser.add_argument(
+        "--no-lean", action="store_true", help="skip the lean-prototype baseline (bench/lean.py)"
+    )
     parser.add_argument("--peers", default=",".join(PEERS), help="which peers")
     parser.add_argument("--reinstall-peers", action="store_true")
     parser.add_argument("--no-micro", action="store_true", help="skip the micro-benchmarks")
@@ -954,6 +1002,12 @@ def main(argv: list[str] | None = None) -> int:
             pg_created = True
             url = postgres_store_url(args.postgres_url, pg_schema, pg_schema)
         specs.append(AppSpec(f"retrysafe/{store}", "retrysafe", store, main_python, url))
+        if not args.no_lean:
+            lean_url = {"sqlite": f"sqlite:///{tmpdir}/lean.db"}.get(store, url)
+            if store == "redis":
+                redis_prefixes.append(f"{nonce}:lean:")
+                lean_url = f"{args.redis_url}{sep}prefix={nonce}:lean:"
+            specs.append(AppSpec(f"lean/{store}", "lean", store, main_python, lean_url))
 
     peer_meta: dict[str, str] = {}
     wanted_peers = [] if args.no_peers else [p for p in args.peers.split(",") if p]
@@ -1147,6 +1201,7 @@ def main(argv: list[str] | None = None) -> int:
         },
         "rows": rows,
         "versus_peers": versus_peers(rows),
+        "versus_lean": versus_lean(rows),
         "skipped": skipped,
         "semantics": {
             spec.label: [v for k, v in spec.checks.items() if v != "ok"]

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from ._errors import CodecError
 
-__all__ = ["StoredResponse", "decode_response", "encode_response"]
+__all__ = ["StoredResponse", "decode", "decode_response", "encode", "encode_response"]
 
 _MAGIC = b"RS"
 _VERSION = 2
@@ -55,15 +55,24 @@ def encode_response(response: StoredResponse) -> bytes:
     Returns:
         The bytes to store.
     """
-    flags = _FLAG_BODY_OMITTED if response.body_omitted else 0
-    parts = [_HEAD.pack(_MAGIC, _VERSION, flags, response.status, len(response.headers))]
-    for name, value in response.headers:
-        parts.append(_NAME.pack(len(name)))
-        parts.append(name)
-        parts.append(_VALUE.pack(len(value)))
-        parts.append(value)
-    parts.append(_BODY.pack(len(response.body)))
-    parts.append(response.body)
+    return encode(response.status, response.headers, response.body, response.body_omitted)
+
+
+def encode(
+    status: int,
+    headers: list[tuple[bytes, bytes]] | tuple[tuple[bytes, bytes], ...],
+    body: bytes,
+    body_omitted: bool = False,
+) -> bytes:
+    """:func:`encode_response` from the parts (the hot path: no :class:`StoredResponse`)."""
+    flags = _FLAG_BODY_OMITTED if body_omitted else 0
+    parts = [_HEAD.pack(_MAGIC, _VERSION, flags, status, len(headers))]
+    extend = parts.extend
+    name_len = _NAME.pack
+    value_len = _VALUE.pack
+    for name, value in headers:
+        extend((name_len(len(name)), name, value_len(len(value)), value))
+    extend((_BODY.pack(len(body)), body))
     return b"".join(parts)
 
 
@@ -79,35 +88,36 @@ def decode_response(data: bytes) -> StoredResponse:
     Raises:
         CodecError: the bytes are truncated, corrupt or of an unknown version.
     """
+    status, headers, body, omitted = decode(data)
+    return StoredResponse(status, tuple(headers), body, omitted)
+
+
+def decode(data: bytes) -> tuple[int, list[tuple[bytes, bytes]], bytes, bool]:
+    """:func:`decode_response` as parts: status, a fresh header list, body, body omitted (the
+    replay path: no :class:`StoredResponse`, a list the caller may extend)."""
     if type(data) is not bytes:
         data = bytes(data)
-    # Plain bytes slices, positional construction: this runs for every replay.
     try:
         magic, version, flags, status, count = _HEAD.unpack_from(data, 0)
         if magic != _MAGIC or version != _VERSION:
             raise CodecError(f"unknown stored-response format (version {version})")
-        offset = _HEAD.size
+        offset = 8  # _HEAD.size
         headers = []
         name_at = _NAME.unpack_from
         value_at = _VALUE.unpack_from
         for _ in range(count):
-            name_len = name_at(data, offset)[0]
-            offset += 2
-            name = data[offset : offset + name_len]
-            offset += name_len
-            value_len = value_at(data, offset)[0]
-            offset += 4
-            value = data[offset : offset + value_len]
-            offset += value_len
-            if len(name) != name_len or len(value) != value_len:
-                raise CodecError("stored response is truncated")
-            headers.append((name, value))
+            end = offset + 2 + name_at(data, offset)[0]
+            name = data[offset + 2 : end]
+            offset = end + 4 + value_at(data, end)[0]
+            headers.append((name, data[end + 4 : offset]))
+        if offset > len(data):  # a slice above ran past the end: the record is cut short
+            raise CodecError("stored response is truncated")
         body_len = _BODY.unpack_from(data, offset)[0]
-        offset += _BODY.size
+        offset += 8  # _BODY.size
     except struct.error as exc:
         raise CodecError("stored response is truncated") from exc
     if len(data) - offset != body_len:
         raise CodecError("stored response body is truncated or has trailing bytes")
     if not 100 <= status <= 599:
         raise CodecError(f"stored response has an impossible status {status}")
-    return StoredResponse(status, tuple(headers), data[offset:], bool(flags & _FLAG_BODY_OMITTED))
+    return status, headers, data[offset:], bool(flags & _FLAG_BODY_OMITTED)

@@ -30,7 +30,7 @@ from collections.abc import Generator, Mapping
 from email.utils import formatdate
 from typing import Any
 
-from ._codec import StoredResponse, decode_response, encode_response
+from ._codec import decode, encode
 from ._config import IdempotencyConfig
 from ._errors import CodecError, InvalidKeyError, StoreError
 from ._fingerprint import fingerprint
@@ -480,7 +480,7 @@ class Flow:
 
     def _replay(self, data: bytes) -> Generator[Action, Any, Answer]:
         try:
-            stored = decode_response(data)
+            status, headers, body, omitted = decode(data)
         except CodecError as exc:
             return (
                 yield from self.unavailable(
@@ -489,13 +489,12 @@ class Flow:
             )
         if self.config.on_event is not None:
             yield EMIT, "replayed"
-        headers = list(stored.headers)
-        if stored.body_omitted:
+        if omitted:
             headers = [(n, v) for n, v in headers if n != b"content-length"]
             headers.append((b"content-length", b"0"))
             headers.append(_BODY_OMITTED)
         headers.extend(self.config._replayed_raw)
-        return Answer(stored.status, headers, stored.body)
+        return Answer(status, headers, body)
 
     # -- settlement ------------------------------------------------------------------------
 
@@ -529,7 +528,7 @@ class Flow:
         headers: list[tuple[bytes, bytes]] | tuple[tuple[bytes, bytes], ...],
         body: bytes,
         omitted: bool,
-    ) -> Steps:
+    ) -> Generator[Action, Any, None]:
         """:meth:`settle` outside transactional mode (the hot path: one generator, no
         delegation); the runner calls it when :attr:`in_tx` is false."""
         return self._settle_plain(status, headers, body, omitted)
@@ -819,11 +818,10 @@ class Flow:
     ) -> bytes:
         deny = self.config._deny_raw
         allow = self.config._allow_raw
-        kept = []
-        for name, value in headers:
-            lname = name.lower()
-            if lname in deny or (allow is not None and lname not in allow):
-                continue
-            kept.append((lname, value))
-        kept.extend(self.added_headers)
-        return encode_response(StoredResponse(status, tuple(kept), body, omitted))
+        if allow is None:
+            kept = [(low, v) for n, v in headers if (low := n.lower()) not in deny]
+        else:
+            kept = [(low, v) for n, v in headers if (low := n.lower()) in allow and low not in deny]
+        if self.added_headers:
+            kept.extend(self.added_headers)
+        return encode(status, kept, body, omitted)

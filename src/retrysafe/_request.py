@@ -26,17 +26,19 @@ class Request:
         authorization: the ``Authorization`` value (``b""`` when absent).
         user: the framework's authenticated user object (Starlette ``scope["user"]``, Django
             ``request.user``) or name (WSGI ``REMOTE_USER``), else ``None``.
-        headers: every header as ``(lower-case name, value)`` byte pairs.
+        headers: every header as ``(lower-case name, value)`` byte pairs (built on first use
+            when the shell gives ``find_headers`` instead).
         source: the shell's own request object (ASGI scope, WSGI environ), for ``find_route``.
     """
 
     __slots__ = (
+        "_find_headers",
         "_find_route",
+        "_headers",
         "_route",
         "authorization",
         "content_length",
         "content_type",
-        "headers",
         "keys",
         "method",
         "path",
@@ -55,11 +57,12 @@ class Request:
         content_type: bytes,
         authorization: bytes,
         user: Any,
-        headers: Sequence[tuple[bytes, bytes]],
+        headers: Sequence[tuple[bytes, bytes]] | None,
         *,
         route: str | None = None,
         source: Any = None,
         find_route: Callable[[Any], str | None] | None = None,
+        find_headers: Callable[[Any], Sequence[tuple[bytes, bytes]]] | None = None,
     ) -> None:
         self.method = method
         self.path = path
@@ -69,10 +72,19 @@ class Request:
         self.content_type = content_type
         self.authorization = authorization
         self.user = user
-        self.headers = headers
+        self._headers = headers
+        self._find_headers = find_headers
         self.source = source
         self._route = route
         self._find_route = find_route
+
+    @property
+    def headers(self) -> Sequence[tuple[bytes, bytes]]:
+        """Every header as ``(lower-case name, value)`` byte pairs, in order."""
+        if self._headers is None:
+            find, self._find_headers = self._find_headers, None
+            self._headers = () if find is None else find(self.source)
+        return self._headers
 
     @property
     def route(self) -> str | None:

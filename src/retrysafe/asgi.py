@@ -3,6 +3,7 @@
 Works in any ASGI app (Starlette, FastAPI, Litestar, a bare ASGI callable)::
 
     app = IdempotencyMiddleware(app, store="sqlite:///idempotency.db")
+
 A thin shell: it translates ASGI to the neutral request, reads the body within the limit and
 captures the response through a send hook; :mod:`retrysafe._flow` decides everything else.
 """
@@ -39,10 +40,6 @@ def _forget(task: asyncio.Future[None]) -> None:
     if not task.cancelled() and (error := task.exception()) is not None:
         # The key was released; the client that could see the error is gone.
         logging.getLogger("retrysafe").error("detached handler failed", exc_info=error)
-
-
-class _RequestTooLarge(Exception):
-    """The body grew past ``max_body_size`` while it was read."""
 
 
 class _ClientGone(Exception):
@@ -117,19 +114,23 @@ class IdempotencyMiddleware:
         assert admitted is not None  # no key where it is optional passed through above
         if not isinstance(admitted, Answer):
             try:
-                body = await _read_body(receive, config.max_body_size)
-            except _RequestTooLarge:
-                admitted = too_large(config)
+                message = await receive()  # the whole body in one message: the common case
+                if message["type"] == "http.request" and not message.get("more_body", False):
+                    body = message.get("body", b"")
+                else:
+                    body = await _read_body(message, receive, config.max_body_size)
             except _ClientGone:
                 return  # the client left before sending its body: nothing ran, nothing to answer
+            if len(body) > config.max_body_size:
+                admitted = too_large(config)
         if isinstance(admitted, Answer):
             notify(config, admitted.event or "", request, "")
             await _send_answer(send, admitted)
             return
-        exchange = AsyncExchange(self._runner, Flow(config, request, admitted, body))
-        verdict = await exchange.claim()
+        execution = _Execution(self._runner, Flow(config, request, admitted, body), self.app)
+        verdict = await execution.claim()
         if verdict is EXECUTE:
-            await _Execution(self.app, exchange, scope, receive, send, body).run()
+            await execution.run(scope, receive, send, body)
         elif verdict is RUN_UNPROTECTED:
             await self.app(scope, _body_then(receive, body), send)
         else:
@@ -137,21 +138,20 @@ class IdempotencyMiddleware:
             await _send_answer(send, verdict)
 
 
-async def _read_body(receive: Receive, limit: int) -> bytes:
+async def _read_body(message: Message, receive: Receive, limit: int) -> bytes:
+    """The body of several messages; stops reading once it is over ``limit`` (and is so)."""
     chunks: list[bytes] = []
     size = 0
     while True:
-        message = await receive()
         if message["type"] == "http.disconnect":
             raise _ClientGone
         chunk = message.get("body", b"")
         if chunk:
             size += len(chunk)
-            if size > limit:
-                raise _RequestTooLarge
             chunks.append(chunk)
-        if not message.get("more_body", False):
+        if size > limit or not message.get("more_body", False):
             return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        message = await receive()
 
 
 async def _send_answer(send: Send, answer: Answer) -> None:
@@ -173,35 +173,32 @@ def _body_then(receive: Receive, body: bytes) -> Receive:
     return app_receive
 
 
-class _Execution:
-    """The handler of one keyed request, run with a send hook that captures its response and
-    settles before the last body chunk is forwarded."""
+class _Execution(AsyncExchange):
+    """One keyed request: the exchange that drives its flow, and the handler run with a send hook
+    that captures its response and settles before the last body chunk is forwarded."""
 
-    def __init__(
-        self,
-        app: ASGIApp,
-        exchange: AsyncExchange,
-        scope: Scope,
-        receive: Receive,
-        send: Send,
-        body: bytes,
-    ) -> None:
-        self.app, self.exchange, self.scope, self.receive, self.send = (
-            app, exchange, scope, receive, send
-        )  # fmt: skip
+    __slots__ = (
+        "app", "body", "capture", "client_gone", "headers", "held", "receive", "scope", "send",
+        "settled", "status",
+    )  # fmt: skip
+
+    def __init__(self, runner: AsyncRunner, flow: Flow, app: ASGIApp) -> None:
+        AsyncExchange.__init__(self, runner, flow)
+        self.app = app
+
+    def run(self, scope: Scope, receive: Receive, send: Send, body: bytes) -> Awaitable[None]:
+        self.scope, self.receive, self.send = scope, receive, send
         self.body: bytes | None = body
         self.status = 0
         self.headers: list[tuple[bytes, bytes]] = []
-        self.capture = Capture(exchange.flow.config.max_stored_body_size)
+        self.capture = Capture(self.flow.config.max_stored_body_size)
         self.settled = self.client_gone = False
         # Transactional mode: nothing leaves before the commit, which may still fail.
-        self.held: list[Message] | None = [] if exchange.flow.holds_response else None
-        scope[CONTEXT_SCOPE_KEY] = exchange
+        self.held: list[Message] | None = [] if self.flow.holds_response else None
+        scope[CONTEXT_SCOPE_KEY] = self
+        return self._detached() if self._detach() else self._run()
 
-    async def run(self) -> None:
-        if not self._detach():
-            await self._run()
-            return
+    async def _detached(self) -> None:
         # The handler runs in its own task: when the server cancels this request (the client
         # went away), the handler still finishes and its response is stored (guarantee 4).
         task = asyncio.ensure_future(self._run())
@@ -216,26 +213,27 @@ class _Execution:
             raise
 
     async def _run(self) -> None:
-        exchange = self.exchange
-        exchange.start()
+        self.start()
         try:
             await self.app(self.scope, self._receive, self._send)
         except BaseException as exc:
             if self.settled:
                 raise
-            answer = await exchange.fail(exc, self.status != 0)
+            answer = await self.fail(exc, self.status != 0)
             if answer is None:
                 raise
             await self._forward_answer(answer)
         else:
             if not self.settled:
-                await exchange.incomplete()
+                await self.incomplete()
         finally:
-            await exchange.end()
+            steps = self.flow.finish()
+            if steps is not None:
+                await self._drive(steps)
             del self.scope[CONTEXT_SCOPE_KEY]  # the request holds the scope: leave no cycle
 
     def _detach(self) -> bool:
-        mode = self.exchange.flow.config.detach_handler
+        mode = self.flow.config.detach_handler
         if mode == "auto":
             # uvicorn never cancels a request when its client goes away (it reports
             # http.disconnect), so no task is needed there. Told by receive, not send: frameworks
@@ -260,8 +258,8 @@ class _Execution:
         kind = message["type"]
         if kind == "http.response.start":
             self.status, self.headers = message["status"], message.get("headers", [])
-            if self.exchange.flow.added_headers:  # e.g. the retention header
-                message = {**message, "headers": [*self.headers, *self.exchange.flow.added_headers]}
+            if self.flow.added_headers:  # e.g. the retention header
+                message = {**message, "headers": [*self.headers, *self.flow.added_headers]}
         elif kind == "http.response.body":
             capture = self.capture
             capture.add(message.get("body", b""))
@@ -269,9 +267,7 @@ class _Execution:
                 self.settled = True
                 # Settle before the last byte leaves, so a client that got the answer and
                 # retries at once is replayed, never told "in progress".
-                answer = await self.exchange.settle(
-                    self.status, self.headers, capture.body, capture.omitted
-                )
+                answer = await self.settle(self.status, self.headers, capture.body, capture.omitted)
                 held, self.held = self.held, None
                 if answer is not None:
                     await self._forward_answer(answer)
@@ -280,8 +276,11 @@ class _Execution:
                     await self._forward(early)
         if self.held is not None:
             self.held.append(message)
-        else:
-            await self._forward(message)
+        elif not self.client_gone:
+            try:  # _forward, inline: this runs for every message of every keyed response
+                await self.send(message)
+            except OSError:
+                self.client_gone = True
 
     async def _forward(self, message: Message) -> None:
         if self.client_gone:

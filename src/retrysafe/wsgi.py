@@ -48,36 +48,37 @@ class _ClientGone(Exception):
 
 
 def request_from_environ(environ: Mapping[str, Any]) -> Request:
-    """Build the neutral request from a WSGI environ, in one pass over it."""
-    keys: list[bytes] = []
-    headers: list[tuple[bytes, bytes]] = []
-    authorization = b""
-    for name, value in environ.items():
-        if name.startswith("HTTP_"):
-            raw = value.encode("latin-1")
-            headers.append((name[5:].replace("_", "-").lower().encode("latin-1"), raw))
-            if name == "HTTP_IDEMPOTENCY_KEY":
-                # WSGI joins repeated header fields with commas: the key parser rejects those.
-                keys.append(raw)
-            elif name == "HTTP_AUTHORIZATION":
-                authorization = raw
-    content_type = environ.get("CONTENT_TYPE", "").encode("latin-1")
-    if content_type:
-        headers.append((b"content-type", content_type))
+    """Build the neutral request from a WSGI environ (its header list is built on first use)."""
+    key = environ.get("HTTP_IDEMPOTENCY_KEY")
     length = environ.get("CONTENT_LENGTH", "")
-    if length:
-        headers.append((b"content-length", length.encode("latin-1")))
     return Request(
         environ.get("REQUEST_METHOD", "GET"),
         _path(environ.get("PATH_INFO", "") or "/"),
         environ.get("QUERY_STRING", "").encode("latin-1"),
-        keys,
+        # WSGI joins repeated header fields with commas: the key parser rejects those.
+        [] if key is None else [key.encode("latin-1")],
         content_length(length),
-        content_type,
-        authorization,
+        environ.get("CONTENT_TYPE", "").encode("latin-1"),
+        environ.get("HTTP_AUTHORIZATION", "").encode("latin-1"),
         environ.get("REMOTE_USER") or None,
-        headers,
+        None,
+        source=environ,
+        find_headers=environ_headers,
     )
+
+
+def environ_headers(environ: Mapping[str, Any]) -> list[tuple[bytes, bytes]]:
+    """The request headers of a WSGI environ as ``(lower-case name, value)`` byte pairs."""
+    headers = [
+        (name[5:].replace("_", "-").lower().encode("latin-1"), value.encode("latin-1"))
+        for name, value in environ.items()
+        if name.startswith("HTTP_")
+    ]
+    if content_type := environ.get("CONTENT_TYPE", ""):
+        headers.append((b"content-type", content_type.encode("latin-1")))
+    if length := environ.get("CONTENT_LENGTH", ""):
+        headers.append((b"content-length", length.encode("latin-1")))
+    return headers
 
 
 def _path(raw: str) -> str:

@@ -37,16 +37,11 @@ class _LoopKeeper:
         self.active: dict[_Renewable, tuple[float, float]] = {}
         self.task: asyncio.Task[None] | None = None
 
-    def add(self, item: _Renewable, interval: float) -> None:
-        self.active[item] = (self.loop.time() + interval, interval)
-        if self.task is None or self.task.done():
-            self.task = self.loop.create_task(self._sweep())
-
     async def _sweep(self) -> None:
         renewals: set[asyncio.Task[None]] = set()
         loop = self.loop
         while self.active:
-            now = loop.time()
+            now = time.monotonic()  # the clock of the due times (AsyncLeaseKeeper.add)
             for item, (due, interval) in list(self.active.items()):
                 if due <= now:
                     self.active[item] = (now + interval, interval)
@@ -55,7 +50,7 @@ class _LoopKeeper:
                     task.add_done_callback(renewals.discard)
             if not self.active:
                 break
-            wait = min(due for due, _ in self.active.values()) - loop.time()
+            wait = min(due for due, _ in self.active.values()) - time.monotonic()
             await asyncio.sleep(min(1.0, max(0.005, wait)))
 
     async def _renew(self, item: _Renewable) -> None:
@@ -86,13 +81,29 @@ class AsyncLeaseKeeper:
             self._current = keeper
         return keeper
 
-    def add(self, item: _Renewable, interval: float) -> None:
-        """Renew ``item`` every ``interval`` seconds until discarded or its renewal fails."""
-        self._keeper().add(item, interval)
+    def add(self, item: _Renewable, interval: float) -> float:
+        """Renew ``item`` every ``interval`` seconds until discarded or its renewal fails.
 
-    def discard(self, item: _Renewable) -> None:
-        """Stop renewing ``item``."""
-        self._keeper().active.pop(item, None)
+        Returns:
+            The clock now (:meth:`clock`), so a caller that times the item needs no other call.
+        """
+        now = time.monotonic()
+        keeper = self._current
+        if keeper is None or keeper.loop is not asyncio.get_running_loop():
+            keeper = self._keeper()
+        keeper.active[item] = (now + interval, interval)
+        task = keeper.task
+        if task is None or task.done():
+            keeper.task = keeper.loop.create_task(keeper._sweep())
+        return now
+
+    def discard(self, item: _Renewable) -> float:
+        """Stop renewing ``item``. Returns the clock now (:meth:`clock`)."""
+        keeper = self._current
+        if keeper is None or keeper.loop is not asyncio.get_running_loop():
+            keeper = self._keeper()
+        keeper.active.pop(item, None)
+        return time.monotonic()
 
     def spawn(self, function: Callable[..., Awaitable[None]], *args: Any) -> None:
         """Run ``function(*args)`` in the background (kept referenced until it ends)."""

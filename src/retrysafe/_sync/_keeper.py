@@ -11,6 +11,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -18,9 +19,18 @@ __all__ = ["LeaseKeeper"]
 
 logger = logging.getLogger("retrysafe")
 
+#: Every keeper of this process, reset in a forked child (a pre-forking server's workers each
+#: renew their own leases): one fork hook for all, no per-request ``getpid``.
+_KEEPERS: weakref.WeakSet[LeaseKeeper] = weakref.WeakSet()
+
 
 class _Renewable(Protocol):
     def renew(self) -> bool: ...
+
+
+def _after_fork() -> None:
+    for keeper in list(_KEEPERS):
+        keeper._reset()
 
 
 class LeaseKeeper:
@@ -28,20 +38,25 @@ class LeaseKeeper:
 
     def __init__(self) -> None:
         self._reset()
+        _KEEPERS.add(self)
 
     def _reset(self) -> None:
-        self._pid = os.getpid()
-        self._cond = threading.Condition(threading.Lock())
+        # Also run in a forked child (see _after_fork): the parent's thread and lock are not ours.
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
         self._active: dict[_Renewable, tuple[float, float]] = {}
         self._thread: threading.Thread | None = None
         self._wakes_at = 0.0  # when the sweeper wakes next (it sleeps at most 1 s)
 
-    def add(self, item: _Renewable, interval: float) -> None:
-        """Renew ``item`` every ``interval`` seconds until discarded or its renewal fails."""
-        if self._pid != os.getpid():
-            self._reset()  # forked: the parent's thread and lock are not ours
-        due = time.monotonic() + interval
-        with self._cond:
+    def add(self, item: _Renewable, interval: float) -> float:
+        """Renew ``item`` every ``interval`` seconds until discarded or its renewal fails.
+
+        Returns:
+            The clock now (:meth:`clock`), so a caller that times the item needs no other call.
+        """
+        now = time.monotonic()
+        due = now + interval
+        with self._lock:  # the condition's own lock, without its Python-level wrapper
             self._active[item] = (due, interval)
             if self._thread is None:
                 self._thread = threading.Thread(
@@ -52,11 +67,13 @@ class LeaseKeeper:
                 # Due before the sweeper's next wake (a lease under 3 s): wake it now. With the
                 # usual leases it wakes in time anyway, and a notify per request is not free.
                 self._cond.notify()
+        return now
 
-    def discard(self, item: _Renewable) -> None:
-        """Stop renewing ``item``."""
-        with self._cond:
+    def discard(self, item: _Renewable) -> float:
+        """Stop renewing ``item``. Returns the clock now (:meth:`clock`)."""
+        with self._lock:
             self._active.pop(item, None)
+        return time.monotonic()
 
     def spawn(self, function: Callable[..., None], *args: Any) -> None:
         """Run ``function(*args)`` in a background thread."""
@@ -93,3 +110,6 @@ class LeaseKeeper:
                     continue
                 if not ok:
                     self.discard(item)
+
+
+os.register_at_fork(after_in_child=_after_fork)

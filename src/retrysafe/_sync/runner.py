@@ -92,8 +92,7 @@ class Exchange:
 
     def start(self) -> None:
         """The handler starts: renew its lease until it settles."""
-        self.keeper.add(self, self.flow.config.lease / 3)
-        self.started = self.keeper.clock()
+        self.started = self.keeper.add(self, self.flow.config.lease / 3)
 
     def settle(
         self,
@@ -102,13 +101,12 @@ class Exchange:
         body: bytes,
         omitted: bool,
     ) -> Answer | None:
-        """See :meth:`Flow.settle`."""
-        self.keeper.discard(self)
+        """See :meth:`Flow.settle` (outside transactional mode its plain twin, whose verdict is
+        always ``None``; no wrapper coroutine on the hot path)."""
         flow = self.flow
-        flow.observe(self.keeper.clock() - self.started)
+        flow.observe(self.keeper.discard(self) - self.started)
         if not flow.in_tx:
-            self._drive(flow.settle_plain(status, headers, body, omitted))
-            return None
+            return self._drive(flow.settle_plain(status, headers, body, omitted))
         return self._drive(flow.settle(status, headers, body, omitted))
 
     def fail(self, error: BaseException, started: bool) -> Answer | None:

@@ -64,6 +64,7 @@ class MemoryStore:
 
     def reserve(self, record_id: str, fingerprint: str, *, lease: float, ttl: float) -> Reservation:
         """See :meth:`retrysafe.stores.Store.reserve`."""
+        owner = instance_id()
         with self._lock:
             now = self._clock()
             entry = self._entries.get(record_id)
@@ -73,15 +74,15 @@ class MemoryStore:
                 or (
                     entry.response is None
                     and not entry.committed
-                    and (entry.lease_expires_at <= now or entry.owner != instance_id())
+                    and (entry.lease_expires_at <= now or entry.owner != owner)
                 )
             ):
                 token = new_token()
                 self._entries[record_id] = _Entry(
-                    fingerprint, token, now + lease, now + ttl, owner=instance_id()
+                    fingerprint, token, now + lease, now + ttl, None, False, owner
                 )
-                return Reservation(token=token)
-            return Reservation(record=self._record(entry, now))
+                return Reservation(token)
+            return Reservation(None, self._record(entry, now))
 
     def _owned(self, record_id: str, token: str) -> _Entry | None:
         entry = self._entries.get(record_id)
