@@ -55,7 +55,9 @@ def encode_response(response: StoredResponse) -> bytes:
     Returns:
         The bytes to store.
     """
-    return encode(response.status, response.headers, response.body, response.body_omitted)
+    return encode(
+        response.status, response.headers, response.body, response.body_omitted, lower=False
+    )
 
 
 def encode(
@@ -63,16 +65,33 @@ def encode(
     headers: list[tuple[bytes, bytes]] | tuple[tuple[bytes, bytes], ...],
     body: bytes,
     body_omitted: bool = False,
+    *,
+    deny: frozenset[bytes] = frozenset(),
+    allow: frozenset[bytes] | None = None,
+    added: list[tuple[bytes, bytes]] | tuple[tuple[bytes, bytes], ...] = (),
+    lower: bool = True,
 ) -> bytes:
-    """:func:`encode_response` from the parts (the hot path: no :class:`StoredResponse`)."""
-    flags = _FLAG_BODY_OMITTED if body_omitted else 0
-    parts = [_HEAD.pack(_MAGIC, _VERSION, flags, status, len(headers))]
-    extend = parts.extend
+    """:func:`encode_response` from the parts (the hot path: no :class:`StoredResponse`), in
+    one pass that also lower-cases the names (unless ``lower`` is false) and leaves out those
+    in ``deny`` (or not in ``allow``), then appends ``added`` as given.
+    """
+    parts = [b""]  # the head, once the count is known
+    count = 0
     name_len = _NAME.pack
     value_len = _VALUE.pack
     for name, value in headers:
-        extend((name_len(len(name)), name, value_len(len(value)), value))
-    extend((_BODY.pack(len(body)), body))
+        if lower:
+            name = name.lower()
+        if name in deny or (allow is not None and name not in allow):
+            continue
+        parts += (name_len(len(name)), name, value_len(len(value)), value)
+        count += 1
+    for name, value in added:
+        parts += (name_len(len(name)), name, value_len(len(value)), value)
+        count += 1
+    flags = _FLAG_BODY_OMITTED if body_omitted else 0
+    parts[0] = _HEAD.pack(_MAGIC, _VERSION, flags, status, count)
+    parts += (_BODY.pack(len(body)), body)
     return b"".join(parts)
 
 

@@ -816,12 +816,13 @@ class Flow:
         body: bytes,
         omitted: bool,
     ) -> bytes:
-        deny = self.config._deny_raw
-        allow = self.config._allow_raw
-        if allow is None:
-            kept = [(low, v) for n, v in headers if (low := n.lower()) not in deny]
-        else:
-            kept = [(low, v) for n, v in headers if (low := n.lower()) in allow and low not in deny]
-        if self.added_headers:
-            kept.extend(self.added_headers)
-        return encode(status, kept, body, omitted)
+        config = self.config
+        return encode(
+            status,
+            headers,
+            body,
+            omitted,
+            deny=config._deny_raw,
+            allow=config._allow_raw,
+            added=self.added_headers,
+        )

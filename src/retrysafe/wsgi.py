@@ -260,12 +260,20 @@ class _Execution:
             body.source = self.app(self.environ, self._start_response)
         except BaseException as exc:
             answer = self.exchange.fail(exc, self.status != 0)
-            self.exchange.end()
+            self.end()
             if answer is None:
                 raise
             return _respond(self.start_response, answer)
         body.chunks = iter(body.source)
         return body
+
+    def end(self) -> None:
+        """The request is over: close what the flow keeps open, and leave no cycle (the
+        environ holds the exchange, whose request holds the environ)."""
+        try:
+            self.exchange.end()
+        finally:
+            self.environ.pop(CONTEXT_SCOPE_KEY, None)
 
     def _start_response(
         self, status: str, headers: list[tuple[str, str]], exc_info: ExcInfo | None = None
@@ -344,7 +352,7 @@ class _Body:
             self._close_source()
             self.done = True
             answer = self.execution.exchange.fail(exc, True)
-            self.execution.exchange.end()
+            self.execution.end()
             if answer is None or self.execution.started:
                 raise
             self.answer = answer
@@ -375,7 +383,7 @@ class _Body:
             try:
                 execution.exchange.incomplete()
             finally:
-                execution.exchange.end()
+                execution.end()
             raise RuntimeError("the WSGI app returned without calling start_response")
         try:
             self.answer = execution.exchange.settle(
@@ -385,7 +393,7 @@ class _Body:
                 self.capture.omitted,
             )
         finally:
-            execution.exchange.end()
+            execution.end()
         if self.answer is not None:
             self.out.append(self.answer.body)
         else:

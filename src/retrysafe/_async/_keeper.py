@@ -17,6 +17,9 @@ __all__ = ["AsyncLeaseKeeper"]
 
 logger = logging.getLogger("retrysafe")
 
+#: How long a loop's sweeper stays with nothing to renew before it ends.
+IDLE_SECONDS = 5.0
+
 
 class _Renewable(Protocol):
     async def renew(self) -> bool: ...
@@ -27,20 +30,33 @@ class _LoopKeeper:
 
     One task per loop, not a timer per request: a timer per request costs a ``call_later`` and
     leaves a cancelled entry in the loop's heap for every fast request (the common case). The
-    sweeper sleeps until the next lease is due and ends when nothing runs.
+    sweeper sleeps until the next lease is due (at most 1 s; an item due sooner wakes it) and
+    ends only after :data:`IDLE_SECONDS` with nothing running: a server's requests come one after
+    another, and a sweeper that ended whenever none ran would be a new task per request.
     """
 
-    __slots__ = ("active", "loop", "task")
+    __slots__ = ("active", "loop", "task", "wake", "wakes_at")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
         self.active: dict[_Renewable, tuple[float, float]] = {}
         self.task: asyncio.Task[None] | None = None
+        self.wake: asyncio.Future[None] | None = None  # resolved to wake the sweeper early
+        self.wakes_at = 0.0
+
+    def added(self, due: float) -> None:
+        """An item was added: start the sweeper, or wake it if the item is due before it."""
+        task = self.task
+        if task is None or task.done():
+            self.task = self.loop.create_task(self._sweep())
+        elif due < self.wakes_at and self.wake is not None and not self.wake.done():
+            self.wake.set_result(None)
 
     async def _sweep(self) -> None:
         renewals: set[asyncio.Task[None]] = set()
         loop = self.loop
-        while self.active:
+        idle_since = -1.0
+        while True:
             now = time.monotonic()  # the clock of the due times (AsyncLeaseKeeper.add)
             for item, (due, interval) in list(self.active.items()):
                 if due <= now:
@@ -48,14 +64,30 @@ class _LoopKeeper:
                     task = loop.create_task(self._renew(item))
                     renewals.add(task)
                     task.add_done_callback(renewals.discard)
-            if not self.active:
-                break
-            wait = min(due for due, _ in self.active.values()) - time.monotonic()
-            await asyncio.sleep(min(1.0, max(0.005, wait)))
+            if self.active:
+                idle_since = -1.0
+            elif idle_since < 0:
+                idle_since = now
+            elif now - idle_since >= IDLE_SECONDS:
+                return
+            wait = min((due for due, _ in self.active.values()), default=now + 1.0) - now
+            wait = min(1.0, max(0.005, wait))
+            self.wakes_at = now + wait
+            self.wake = wake = loop.create_future()
+            timer = loop.call_later(wait, _resolve, wake)
+            try:
+                await wake
+            finally:
+                timer.cancel()
 
     async def _renew(self, item: _Renewable) -> None:
         if not await item.renew():
             self.active.pop(item, None)
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 class AsyncLeaseKeeper:
@@ -92,9 +124,7 @@ class AsyncLeaseKeeper:
         if keeper is None or keeper.loop is not asyncio.get_running_loop():
             keeper = self._keeper()
         keeper.active[item] = (now + interval, interval)
-        task = keeper.task
-        if task is None or task.done():
-            keeper.task = keeper.loop.create_task(keeper._sweep())
+        keeper.added(now + interval)
         return now
 
     def discard(self, item: _Renewable) -> float:
