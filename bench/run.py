@@ -9,7 +9,8 @@ What it does, in order:
    versions as the main venv (peer code is installed, never vendored).
 3. Starts each app of ``bench/apps.py`` under uvicorn (1 worker, uvloop, httptools) in its own
    process pinned to core 0: the bare endpoint; retrysafe with each store (memory, SQLite in a
-   temp dir, Redis under a unique prefix, PostgreSQL in a scratch schema); the peers on Redis.
+   temp dir, Redis under a unique prefix, PostgreSQL in a scratch schema); the lean prototype
+   (``bench/lean.py``: what the store and the server allow) on each store; the peers on Redis.
    A store whose module or service is missing is skipped, and the table says so.
 4. For each round (``--repeat``) and scenario (new key per request, replay of one stored key,
    no key), runs the load generator pinned to core 1 for ``--duration`` seconds against each
@@ -19,9 +20,11 @@ What it does, in order:
    postgres), so CPU per request is reported next to req/s (steadier than req/s on a shared
    machine), and the "client-CPU-only ratio": bare CPU/request over the app process's
    CPU/request, i.e. the throughput ratio once the store server has a core of its own.
-5. Runs the micro-benchmarks (``pytest bench/test_micro.py --benchmark-only``), and measures
-   the Prometheus hook's cost per keyed request in-process (``executed`` + ``settled`` through
-   the middleware's own emit), in single-process and multiprocess mode.
+5. Drives both middlewares and the lean prototype in-process (``bench/inprocess.py``: CPU per
+   request, no server), runs the micro-benchmarks
+   (``pytest bench/test_micro.py --benchmark-only``), and measures the Prometheus hook's cost
+   per keyed request in-process (``executed`` + ``settled`` through the middleware's own
+   emit), in single-process and multiprocess mode.
 6. Writes ``bench/results/bench-<stamp>.json`` and ``.md`` (date, machine, commit) and prints
    the Markdown table. Removes every Redis key and PostgreSQL schema it created.
 
