@@ -70,6 +70,7 @@ class _SQLite:  # inline on the loop, like retrysafe's SQLite store
     def __init__(self, path: str) -> None:
         self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=NORMAL")  # as retrysafe's SQLite store
         self.db.execute("CREATE TABLE IF NOT EXISTS lean (k BLOB PRIMARY KEY, fp BLOB, r BLOB)")
 
     async def reserve(self, key: bytes, fp: bytes) -> Any:
@@ -83,13 +84,18 @@ class _SQLite:  # inline on the loop, like retrysafe's SQLite store
 
 class _Postgres:  # asyncpg, one pooled connection per statement
     def __init__(self, url: str) -> None:
-        self.url, self.pool = url, None
+        base, _, query = url.partition("?")
+        # The bench finds the store's server processes by application_name.
+        self.name = dict(parse_qsl(query)).get("application_name", "lean")
+        self.url, self.pool = base, None
 
     async def _pool(self) -> Any:
         if self.pool is None:
             import asyncpg
 
-            self.pool = await asyncpg.create_pool(self.url, min_size=4, max_size=16)
+            self.pool = await asyncpg.create_pool(
+                self.url, min_size=4, max_size=16, server_settings={"application_name": self.name}
+            )
             await self.pool.execute(  # a fresh table per server: no key of an earlier run
                 f"DROP TABLE IF EXISTS {_PG_TABLE}; "
                 f"CREATE TABLE {_PG_TABLE} (k bytea PRIMARY KEY, fp bytea, r bytea)"
@@ -120,7 +126,7 @@ def backend(url: str) -> Any:
     if url.startswith("sqlite:"):
         return _SQLite(url.removeprefix("sqlite:///"))
     if url.startswith(("postgres:", "postgresql:")):
-        return _Postgres(url.split("?")[0])
+        return _Postgres(url)
     raise SystemExit(f"lean prototype: no backend for {url!r}")
 
 
