@@ -10,6 +10,9 @@ users install it (``Starlette(middleware=[...])``):
 
 - ``retrysafe``: :class:`retrysafe.asgi.IdempotencyMiddleware` with a store URL.
 - ``lean``: the lean-prototype baseline of ``bench/lean.py`` on the same store URL.
+- ``wsgi-bare``, ``wsgi-retrysafe``, ``wsgi-lean``: the same endpoint as a plain WSGI app, bare,
+  behind :class:`retrysafe.wsgi.IdempotencyMiddleware`, or behind the lean WSGI prototype
+  (memory only), served by gunicorn (1 worker, ``gthread``).
 - ``idemkit``, ``fastapi-idempotency-key``, ``asgi-idempotency-header``: the peers, imported from
   the separate bench virtualenv (``bench/.venv-bench-peers``), each on Redis.
 
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import os
 import sys
 from typing import Any
@@ -30,6 +34,9 @@ APPS = (
     "bare",
     "retrysafe",
     "lean",
+    "wsgi-bare",
+    "wsgi-retrysafe",
+    "wsgi-lean",
     "idemkit",
     "fastapi-idempotency-key",
     "asgi-idempotency-header",
@@ -58,6 +65,42 @@ def _starlette(middleware: list[Any]) -> Any:
     return Starlette(
         routes=[Route("/orders", _endpoint(), methods=["POST"])], middleware=middleware
     )
+
+
+def wsgi_endpoint() -> Any:
+    """The bare endpoint as a WSGI app (no framework: the WSGI bare is the WSGI server alone)."""
+    ids = itertools.count(1)
+
+    def create_order(environ: dict[str, Any], start_response: Any) -> list[bytes]:
+        length = int(environ.get("CONTENT_LENGTH") or 0)
+        data = json.loads(environ["wsgi.input"].read(length))
+        order_id = next(ids)
+        body = json.dumps({"id": order_id, "item": data["item"], "quantity": data["quantity"]})
+        out = body.encode()
+        start_response(
+            "201 Created",
+            [
+                ("Content-Type", "application/json"),
+                ("Content-Length", str(len(out))),
+                ("Location", f"/orders/{order_id}"),
+            ],
+        )
+        return [out]
+
+    return create_order
+
+
+def build_wsgi_app(name: str, store: str = "") -> Any:
+    """Return the WSGI app ``name`` (``wsgi-bare``, ``wsgi-retrysafe``, ``wsgi-lean``)."""
+    if name == "wsgi-bare":
+        return wsgi_endpoint()
+    if name == "wsgi-retrysafe":
+        from retrysafe.wsgi import IdempotencyMiddleware
+
+        return IdempotencyMiddleware(wsgi_endpoint(), store=store)
+    from lean import LeanWSGI
+
+    return LeanWSGI(wsgi_endpoint())
 
 
 def build_app(name: str, store: str = "", prefix: str = "") -> Any:
@@ -140,6 +183,29 @@ def _serve(app: Any, port: int) -> None:
     )
 
 
+def _serve_wsgi(app: Any, port: int) -> None:
+    from gunicorn.app.base import BaseApplication
+
+    class _Server(BaseApplication):  # type: ignore[misc]
+        def load_config(self) -> None:
+            for key, value in {
+                "bind": f"127.0.0.1:{port}",
+                "workers": 1,
+                "worker_class": "gthread",
+                "threads": 4,
+                "keepalive": 30,
+                "loglevel": "warning",
+                "accesslog": None,
+                "backlog": 2048,
+            }.items():
+                self.cfg.set(key, value)
+
+        def load(self) -> Any:
+            return app
+
+    _Server().run()
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--app", required=True, choices=APPS)
@@ -150,6 +216,9 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.cpu is not None:
         os.sched_setaffinity(0, {args.cpu})
+    if args.app.startswith("wsgi-"):
+        _serve_wsgi(build_wsgi_app(args.app, args.store), args.port)
+        return
     app = build_app(args.app, args.store, args.prefix)
     profile_path = os.environ.get("BENCH_PROFILE")
     if not profile_path:

@@ -153,8 +153,8 @@ def _wsgi_cpu_us(app: Any, keys: Callable[[int], bytes | None], n: int) -> float
     return (time.process_time() - start) * 1e6 / n
 
 
-def measure(requests: int, repeat: int) -> dict[str, float]:
-    """Return the median CPU microseconds per request of each case."""
+def measure(requests: int, repeat: int, only: list[str] | None = None) -> dict[str, float]:
+    """Return the median CPU microseconds per request of each case (or of those in ``only``)."""
     from retrysafe.asgi import IdempotencyMiddleware as ASGIMiddleware
 
     try:
@@ -218,6 +218,11 @@ def measure(requests: int, repeat: int) -> dict[str, float]:
     }
     if WSGIMiddleware is None:
         cases = {name: case for name, case in cases.items() if not name.startswith("wsgi")}
+    if only:
+        unknown = set(only) - set(cases)
+        if unknown:
+            raise SystemExit(f"unknown case(s): {', '.join(sorted(unknown))}")
+        cases = {name: cases[name] for name in only}
     results: dict[str, list[float]] = {name: [] for name in cases}
     for _ in range(repeat):  # interleaved, so a noisy moment hits every case alike
         for name, case in cases.items():
@@ -237,8 +242,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=20000)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--json", type=Path, help="also write the figures here")
+    parser.add_argument("--only", action="append", help="run only this case (repeatable)")
     args = parser.parse_args(argv)
-    figures = measure(args.requests, args.repeat)
+    figures = measure(args.requests, args.repeat, args.only)
     width = max(map(len, figures))
     for name, value in figures.items():
         print(f"{name:<{width}}  {value:7.1f} us/request")

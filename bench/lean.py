@@ -196,7 +196,7 @@ class LeanASGI:
 
 
 class LeanWSGI:
-    """The WSGI twin, in-process only (memory)."""
+    """The WSGI twin (memory only)."""
 
     def __init__(self, app: Callable[..., Iterable[bytes]]) -> None:
         self.app, self.store = app, _Memory()
@@ -210,8 +210,12 @@ class LeanWSGI:
         fp = hashlib.sha256(body).hexdigest().encode()[:32]
         found = self.store.reserve_sync(key.encode(), fp)
         if found is not None:
+            if found[0] != fp or found[1] is None:
+                start_response("422 Unprocessable" if found[0] != fp else "409 Conflict", [])
+                return [b""]
             status, headers, out = _decode(found[1])
-            start_response(f"{status} OK", [(n.decode(), v.decode()) for n, v in headers])
+            native = [(n.decode(), v.decode()) for n, v in headers]
+            start_response(f"{status} OK", [*native, ("Idempotency-Replayed", "true")])
             return [out]
         seen: list[Any] = []
 

@@ -64,6 +64,9 @@ ROOT = BENCH.parent
 RESULTS = BENCH / "results"
 PEERS_VENV = BENCH / ".venv-bench-peers"
 SERVER_CPU = 0
+#: The apps of this project (the rest are peers): ASGI under uvicorn, WSGI under gunicorn.
+OWN_APPS = ("bare", "retrysafe", "lean", "wsgi-bare", "wsgi-retrysafe", "wsgi-lean")
+BARE_APPS = ("bare", "wsgi-bare")
 CLIENT_CPU = 1
 SCENARIOS = ("new", "replay", "nokey")
 SCENARIO_TITLES = {
@@ -149,6 +152,18 @@ def proc_cpu(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
+def server_cpu(pid: int) -> float | None:
+    """CPU seconds of a server process and its live children (gunicorn's worker)."""
+    total = proc_cpu(pid)
+    if total is None:
+        return None
+    try:
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:
+        children = []
+    return total + sum(proc_cpu(int(child)) or 0.0 for child in children)
+
+
 def pids_named(prefix: str) -> list[int]:
     """Pids whose command name starts with ``prefix`` (read only; never signalled)."""
     found = []
@@ -231,7 +246,12 @@ class AppSpec:
 
     @property
     def is_peer(self) -> bool:
-        return self.app not in ("bare", "retrysafe", "lean")
+        return self.app not in OWN_APPS
+
+    @property
+    def bare_label(self) -> str:
+        """The bare endpoint this app is measured against (ASGI or WSGI)."""
+        return "wsgi bare" if self.app.startswith("wsgi-") else "bare"
 
 
 def free_port() -> int:
@@ -251,7 +271,7 @@ def start_server(spec: AppSpec, pin: bool, profile_dir: Path | None) -> None:
     if pin:
         cmd += ["--cpu", str(SERVER_CPU)]
     env = dict(os.environ)
-    env["PYTHONPATH"] = str(ROOT / "src") if spec.app in ("bare", "retrysafe", "lean") else ""
+    env["PYTHONPATH"] = str(ROOT / "src") if spec.app in OWN_APPS else ""
     if profile_dir is not None and spec.app == "retrysafe":
         env["BENCH_PROFILE"] = str(profile_dir / f"{spec.label.replace('/', '-')}.prof")
     spec.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdin=subprocess.DEVNULL)
@@ -283,7 +303,7 @@ def stop_server(spec: AppSpec) -> None:
 
 def check_semantics(spec: AppSpec, nonce: str) -> None:
     """Probe what each scenario really does on this app; the table shows surprises."""
-    if spec.app == "bare":
+    if spec.app in BARE_APPS:
         spec.replay_key = f"{nonce}-replay-bare"
         spec.checks = {s: "ok" for s in SCENARIOS}
         return
@@ -575,14 +595,20 @@ def summarize(runs: list[dict[str, Any]], specs: list[AppSpec]) -> list[dict[str
                 "check": spec.checks.get(scenario, ""),
             }
             target = None
-            if spec.app == "retrysafe":
+            if spec.app in ("retrysafe", "wsgi-retrysafe"):
                 target = TARGETS[scenario].get(spec.store_kind)
             row["target"] = target
             row["met"] = None if target is None or ratio is None else ratio >= target
             rows.append(row)
+    bare_of = {spec.label: spec.bare_label for spec in specs}
     for row in rows:  # issue 12: p99 under load within 1.5x of the bare endpoint's
         bare = next(
-            (r for r in rows if r["label"] == "bare" and r["scenario"] == row["scenario"]), None
+            (
+                r
+                for r in rows
+                if r["label"] == bare_of.get(row["label"]) and r["scenario"] == row["scenario"]
+            ),
+            None,
         )
         row["p99_x"] = (
             row["p99_ms"] / bare["p99_ms"] if bare and bare["p99_ms"] and row["p99_ms"] else None
@@ -622,14 +648,11 @@ def versus_lean(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """retrysafe against the lean prototype on the same store, per scenario."""
     out = []
     for ours in rows:
-        if not ours["label"].startswith("retrysafe/"):
+        if "retrysafe/" not in ours["label"]:
             continue
+        lean_label = ours["label"].replace("retrysafe/", "lean/")
         lean = next(
-            (
-                r
-                for r in rows
-                if r["scenario"] == ours["scenario"] and r["label"] == f"lean/{ours['store']}"
-            ),
+            (r for r in rows if r["scenario"] == ours["scenario"] and r["label"] == lean_label),
             None,
         )
         if lean is None or not lean["ratio"] or ours["ratio"] is None:
@@ -637,7 +660,7 @@ def versus_lean(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         out.append(
             {
                 "scenario": ours["scenario"],
-                "store": ours["store"],
+                "store": ours["label"].replace("retrysafe/", ""),
                 "ratio": ours["ratio"],
                 "lean_ratio": lean["ratio"],
                 "cpu_extra_us": (
@@ -919,6 +942,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--no-lean", action="store_true", help="skip the lean-prototype baseline (bench/lean.py)"
     )
+    parser.add_argument("--no-wsgi", action="store_true", help="skip the WSGI shell under gunicorn")
     parser.add_argument("--peers", default=",".join(PEERS), help="which peers")
     parser.add_argument("--reinstall-peers", action="store_true")
     parser.add_argument("--no-micro", action="store_true", help="skip the micro-benchmarks")
@@ -1046,6 +1070,25 @@ def main(argv: list[str] | None = None) -> int:
                         )
                     )
 
+    if not args.no_wsgi:
+        # The WSGI shell under gunicorn, against a bare WSGI app, on every store retrysafe runs on.
+        specs.append(AppSpec("wsgi bare", "wsgi-bare", "", main_python))
+        for asgi_spec in [spec for spec in specs if spec.app == "retrysafe"]:
+            url = asgi_spec.store
+            if asgi_spec.store_kind == "sqlite":
+                url = f"sqlite:///{tmpdir}/bench-wsgi.db"
+            elif asgi_spec.store_kind == "redis":
+                redis_prefixes.append(f"{nonce}:wsgi:")
+                url = url.replace(f"prefix={nonce}:retrysafe:", f"prefix={nonce}:wsgi:")
+            specs.append(
+                AppSpec(
+                    f"wsgi {asgi_spec.label}", "wsgi-retrysafe", asgi_spec.store_kind,
+                    main_python, url,
+                )
+            )  # fmt: skip
+        if not args.no_lean and "memory" in available:
+            specs.append(AppSpec("wsgi lean/memory", "wsgi-lean", "memory", main_python))
+
     runs: list[dict[str, Any]] = []
     started_specs: list[AppSpec] = []
     pyspy_procs: list[subprocess.Popen[bytes]] = []
@@ -1063,8 +1106,13 @@ def main(argv: list[str] | None = None) -> int:
             check_semantics(spec, nonce)
             if any(v != "ok" for v in spec.checks.values()):
                 log(f"{spec.label}: {spec.checks}")
-        bare = specs[0]
-        others = specs[1:]
+        # Each shell's apps run against its own bare endpoint: (bare, the apps measured on it).
+        groups = [
+            (bare, [spec for spec in specs if spec.bare_label == bare.label and spec is not bare])
+            for bare in specs
+            if bare.app in BARE_APPS
+        ]
+        others = [spec for spec in specs if spec.app not in BARE_APPS]
 
         # Warm-up: every app, every scenario (opens store connections, fills caches).
         for spec in specs:
@@ -1103,71 +1151,76 @@ def main(argv: list[str] | None = None) -> int:
         )
         for round_no in range(args.repeat):
             for scenario in scenarios:
-                # bare X1 X2 bare X3 X4 ... bare; rotate so no app always runs first.
-                rotated = (
-                    others[round_no % max(1, len(others)) :]
-                    + others[: round_no % max(1, len(others))]
-                )
-                sequence: list[AppSpec] = [bare]
-                for i, spec in enumerate(rotated):
-                    sequence.append(spec)
-                    if i % 2 == 1 or i == len(rotated) - 1:
-                        sequence.append(bare)
-                round_runs: list[dict[str, Any]] = []
-                for spec in sequence:
-                    store_pids = {"redis": redis_pids, "postgres": pg_pids}.get(spec.store_kind, [])
-                    assert spec.proc is not None
-                    load_before = os.getloadavg()[0]
-                    before = proc_cpu(spec.proc.pid) or 0.0
-                    store_before = cpu_snapshot(store_pids)
-                    run_nonce = f"{nonce}r{round_no}{scenario}{len(runs)}"
-                    result = load(
-                        client, spec, scenario, run_nonce, args.duration, args.connections, pin
+                for bare, group in groups:
+                    # bare X1 X2 bare X3 X4 ... bare; rotate so no app always runs first.
+                    rotated = (
+                        group[round_no % max(1, len(group)) :]
+                        + group[: round_no % max(1, len(group))]
                     )
-                    after = proc_cpu(spec.proc.pid) or 0.0
-                    store_after = cpu_snapshot(store_pids)
-                    requests = max(1, result["requests"])
-                    result.update(
-                        label=spec.label,
-                        scenario=scenario,
-                        round=round_no,
-                        rps=result["requests"] / (result["duration_us"] / 1e6),
-                        cpu_us_per_req=(after - before) * 1e6 / requests,
-                        server_util=(after - before) / (result["duration_us"] / 1e6),
-                        loadavg=max(load_before, os.getloadavg()[0]),
-                        store_cpu_us_per_req=(
-                            cpu_delta(store_before, store_after) * 1e6 / requests
-                            if store_pids
-                            else None
-                        ),
-                    )
-                    round_runs.append(result)
-                    log(
-                        f"round {round_no + 1}/{args.repeat} {scenario:6s} {spec.label:32s} "
-                        f"{result['rps']:9,.0f} req/s  p99 {result['p99_us'] / 1000:6.2f} ms  "
-                        f"cpu {result['cpu_us_per_req']:6.0f} us/req"
-                        + (
-                            f"  non-2xx {result['errors_status']}"
-                            if result["errors_status"]
-                            else ""
+                    sequence: list[AppSpec] = [bare]
+                    for i, spec in enumerate(rotated):
+                        sequence.append(spec)
+                        if i % 2 == 1 or i == len(rotated) - 1:
+                            sequence.append(bare)
+                    round_runs: list[dict[str, Any]] = []
+                    for spec in sequence:
+                        store_pids = {"redis": redis_pids, "postgres": pg_pids}.get(
+                            spec.store_kind, []
                         )
-                    )
-                # Each app against the mean of the bare runs just before and after it.
-                for i, result in enumerate(round_runs):
-                    if result["label"] == "bare":
-                        continue
-                    prev_bare = next(r for r in reversed(round_runs[:i]) if r["label"] == "bare")
-                    next_bare = next(r for r in round_runs[i + 1 :] if r["label"] == "bare")
-                    bare_rps = (prev_bare["rps"] + next_bare["rps"]) / 2
-                    result["ratio"] = result["rps"] / bare_rps if bare_rps else None
-                    result["bare_cpu_us_per_req"] = (
-                        prev_bare["cpu_us_per_req"] + next_bare["cpu_us_per_req"]
-                    ) / 2
-                for result in round_runs:
-                    if result["label"] == "bare":
-                        result["ratio"] = 1.0
-                        result["bare_cpu_us_per_req"] = result["cpu_us_per_req"]
-                runs.extend(round_runs)
+                        assert spec.proc is not None
+                        load_before = os.getloadavg()[0]
+                        before = server_cpu(spec.proc.pid) or 0.0
+                        store_before = cpu_snapshot(store_pids)
+                        run_nonce = f"{nonce}r{round_no}{scenario}{len(runs)}"
+                        result = load(
+                            client, spec, scenario, run_nonce, args.duration, args.connections, pin
+                        )
+                        after = server_cpu(spec.proc.pid) or 0.0
+                        store_after = cpu_snapshot(store_pids)
+                        requests = max(1, result["requests"])
+                        result.update(
+                            label=spec.label,
+                            scenario=scenario,
+                            round=round_no,
+                            rps=result["requests"] / (result["duration_us"] / 1e6),
+                            cpu_us_per_req=(after - before) * 1e6 / requests,
+                            server_util=(after - before) / (result["duration_us"] / 1e6),
+                            loadavg=max(load_before, os.getloadavg()[0]),
+                            store_cpu_us_per_req=(
+                                cpu_delta(store_before, store_after) * 1e6 / requests
+                                if store_pids
+                                else None
+                            ),
+                        )
+                        round_runs.append(result)
+                        log(
+                            f"round {round_no + 1}/{args.repeat} {scenario:6s} {spec.label:32s} "
+                            f"{result['rps']:9,.0f} req/s  p99 {result['p99_us'] / 1000:6.2f} ms  "
+                            f"cpu {result['cpu_us_per_req']:6.0f} us/req"
+                            + (
+                                f"  non-2xx {result['errors_status']}"
+                                if result["errors_status"]
+                                else ""
+                            )
+                        )
+                    # Each app against the mean of the bare runs just before and after it.
+                    for i, result in enumerate(round_runs):
+                        if result["label"] == bare.label:
+                            continue
+                        prev_bare = next(
+                            r for r in reversed(round_runs[:i]) if r["label"] == bare.label
+                        )
+                        next_bare = next(r for r in round_runs[i + 1 :] if r["label"] == bare.label)
+                        bare_rps = (prev_bare["rps"] + next_bare["rps"]) / 2
+                        result["ratio"] = result["rps"] / bare_rps if bare_rps else None
+                        result["bare_cpu_us_per_req"] = (
+                            prev_bare["cpu_us_per_req"] + next_bare["cpu_us_per_req"]
+                        ) / 2
+                    for result in round_runs:
+                        if result["label"] == bare.label:
+                            result["ratio"] = 1.0
+                            result["bare_cpu_us_per_req"] = result["cpu_us_per_req"]
+                    runs.extend(round_runs)
     finally:
         for proc in pyspy_procs:
             proc.send_signal(signal.SIGINT)
