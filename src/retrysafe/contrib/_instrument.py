@@ -17,7 +17,22 @@ from .._transaction import AsyncTransaction
 from ..stores import AsyncStore, Store, resolve_async_store
 from ..stores._base import Record, Reservation
 
-__all__ = ["InstrumentedStore", "Observe", "instrument", "store_kind"]
+__all__ = ["OUTCOMES", "InstrumentedStore", "Observe", "instrument", "store_kind"]
+
+#: ``on_event`` event -> the request's outcome (the metrics' ``outcome`` label, the span's
+#: ``idempotency.outcome``).
+OUTCOMES: dict[str, str] = {
+    "executed": "executed",
+    "replayed": "replayed",
+    "conflict": "in_progress",
+    "mismatch": "mismatch",
+    "invalid_key": "invalid_key",
+    "missing_key": "missing_key",
+    "too_large": "too_large",
+    "store_error": "store_unavailable",
+    "fail_open": "fail_open",
+    "outcome_unknown": "outcome_unknown",
+}
 
 #: Returns a context manager that observes one store operation, given the operation's name.
 Observe = Callable[[str], AbstractContextManager[Any]]

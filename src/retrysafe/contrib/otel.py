@@ -33,7 +33,7 @@ from typing import Any
 
 from .._config import EventHook
 from ..stores import AsyncStore, Store
-from ._instrument import InstrumentedStore, instrument, store_kind
+from ._instrument import OUTCOMES, InstrumentedStore, instrument, store_kind
 
 try:
     from opentelemetry import context as otel_context
@@ -44,18 +44,6 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 
 __all__ = ["SPAN_EVENTS", "OpenTelemetryTracing"]
 
-_OUTCOMES: dict[str, str] = {
-    "executed": "executed",
-    "replayed": "replayed",
-    "conflict": "in_progress",
-    "mismatch": "mismatch",
-    "invalid_key": "invalid_key",
-    "missing_key": "missing_key",
-    "too_large": "too_large",
-    "store_error": "store_unavailable",
-    "fail_open": "fail_open",
-    "outcome_unknown": "outcome_unknown",
-}
 
 #: Events recorded as span events (``retrysafe.<event>``) on the request's span.
 SPAN_EVENTS = frozenset(
@@ -139,7 +127,7 @@ class OpenTelemetryTracing:
         elif details.get("phase") == "renew" and record:
             # Found by the lease sweeper, whose context is not this request's.
             span = self._spans.get(record, trace.INVALID_SPAN)
-        outcome = _OUTCOMES.get(event)
+        outcome = OUTCOMES.get(event)
         if outcome is not None and span.is_recording():
             attributes: dict[str, Any] = {
                 "idempotency.outcome": outcome,

@@ -39,6 +39,7 @@ from typing import Any
 
 from .._config import EventHook
 from ..stores import AsyncStore, Store
+from ._instrument import OUTCOMES as REQUEST_OUTCOMES
 from ._instrument import InstrumentedStore, instrument, store_kind
 
 try:
@@ -67,20 +68,9 @@ __all__ = [
     "metrics_response",
 ]
 
-#: ``on_event`` event -> the ``outcome`` label of ``retrysafe_requests_total``.
-OUTCOMES: dict[str, str] = {
-    "executed": "executed",
-    "replayed": "replayed",
-    "conflict": "in_progress",
-    "mismatch": "mismatch",
-    "invalid_key": "invalid_key",
-    "missing_key": "missing_key",
-    "too_large": "too_large",
-    "store_error": "store_unavailable",
-    "fail_open": "fail_open",
-    "outcome_unknown": "outcome_unknown",
-    "lease_lost": "lease_lost",
-}
+#: ``on_event`` event -> the ``outcome`` label of ``retrysafe_requests_total`` (the spans' outcomes,
+#: and a lost lease).
+OUTCOMES: dict[str, str] = {**REQUEST_OUTCOMES, "lease_lost": "lease_lost"}
 
 _COMPLETIONS = {
     "completion_deferred": "deferred",
