@@ -846,8 +846,8 @@ _HOOK_COST = """
 import sys, time
 from prometheus_client import CollectorRegistry
 from retrysafe import IdempotencyConfig
-from retrysafe._flow import notify
-from retrysafe._request import Request
+from retrysafe._core.flow import notify
+from retrysafe._core.request import Request
 from retrysafe.contrib.prometheus import PrometheusMetrics
 
 metrics = PrometheusMetrics(registry=CollectorRegistry())

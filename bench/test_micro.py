@@ -22,11 +22,11 @@ from typing import Any
 
 import pytest
 
-from retrysafe._codec import StoredResponse, decode_response, encode_response
-from retrysafe._fingerprint import fingerprint
-from retrysafe._flow import decide
-from retrysafe._keys import parse_key, record_id
-from retrysafe.stores._base import Record, Reservation
+from retrysafe._core.codec import StoredResponse, decode_response, encode_response
+from retrysafe._core.fingerprint import fingerprint
+from retrysafe._core.flow import decide
+from retrysafe._core.keys import parse_key, record_id
+from retrysafe._core.records import Record, Reservation
 
 REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
 POSTGRES_URL = os.environ.get("BENCH_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")

@@ -6,14 +6,14 @@ stores the response, and answers every retry with that stored response.
 
 from __future__ import annotations
 
-from ._codec import StoredResponse
-from ._config import (
+from ._core.codec import StoredResponse
+from ._core.config import (
     DEFAULT_RELEASE_STATUSES,
     DEFAULT_REPLAY_HEADER_DENYLIST,
     IdempotencyConfig,
     RouteOptions,
 )
-from ._errors import (
+from ._core.errors import (
     CodecError,
     ConfigurationError,
     IdempotencyError,
@@ -21,9 +21,9 @@ from ._errors import (
     StoreError,
     StoreUnavailableError,
 )
-from ._request import Request
-from ._routes import idempotent
-from ._transaction import mark_committed, transaction
+from ._core.request import Request
+from ._core.routes import idempotent
+from ._core.transaction import mark_committed, transaction
 from .stores import async_store_from_url, store_from_url
 
 __version__ = "0.1.0"

@@ -5,7 +5,7 @@ Works in any ASGI app (Starlette, FastAPI, Litestar, a bare ASGI callable)::
     app = IdempotencyMiddleware(app, store="sqlite:///idempotency.db")
 
 A thin shell: it translates ASGI to the neutral request, reads the body within the limit and
-captures the response through a send hook; :mod:`retrysafe._flow` decides everything else.
+captures the response through a send hook; :mod:`retrysafe._core.flow` decides everything else.
 """
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ import logging
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
+from ._asgi_routes import RouteTable, route_template
 from ._async.runner import AsyncExchange, AsyncRunner
-from ._config import IdempotencyConfig, front_config
-from ._flow import EXECUTE, RUN_UNPROTECTED, Answer, Capture, Flow, admit, notify, too_large
-from ._request import Request, content_length
-from ._routes import RouteTable, route_template
-from ._transaction import CONTEXT_SCOPE_KEY
+from ._core.config import IdempotencyConfig, front_config
+from ._core.flow import EXECUTE, RUN_UNPROTECTED, Answer, Capture, Flow, admit, notify, too_large
+from ._core.request import Request, content_length
+from ._core.transaction import CONTEXT_SCOPE_KEY
 from .stores import AsyncStore, Store, resolve_async_store
 
 __all__ = ["IdempotencyMiddleware"]

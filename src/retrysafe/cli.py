@@ -15,9 +15,9 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from ._errors import ConfigurationError, IdempotencyError
-from ._keys import record_id
-from ._scope import authorization_scope
+from ._core.errors import ConfigurationError, IdempotencyError
+from ._core.keys import record_id
+from ._core.scope import authorization_scope
 from .stores import Store, store_from_url
 
 __all__ = ["main"]
@@ -244,7 +244,7 @@ def _inspect(args: argparse.Namespace) -> int:
     if record.state == "in_progress":
         print(f"  lease remaining: {record.lease_remaining:.1f} s")
     elif record.response is not None:
-        from ._codec import decode_response
+        from ._core.codec import decode_response
 
         stored = decode_response(record.response)
         print(f"  status: {stored.status}, body: {len(stored.body)} bytes")
@@ -280,7 +280,7 @@ def _schema(args: argparse.Namespace) -> int:
 
 
 def _purge_dry_run(args: argparse.Namespace) -> int:
-    from ._stats import store_stats
+    from .ops.stats import store_stats
 
     with _open_store(args.store) as store:
         expired = store_stats(store).expired
@@ -294,7 +294,7 @@ def _purge_dry_run(args: argparse.Namespace) -> int:
 def _stats(args: argparse.Namespace) -> int:
     import json
 
-    from ._stats import store_stats
+    from .ops.stats import store_stats
 
     with _open_store(args.store) as store:
         stats = store_stats(store)

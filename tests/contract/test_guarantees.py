@@ -10,8 +10,8 @@ import time
 import httpx
 import pytest
 
-from retrysafe._fingerprint import fingerprint
-from retrysafe._keys import record_id
+from retrysafe._core.fingerprint import fingerprint
+from retrysafe._core.keys import record_id
 
 from .conftest import Backend, ServiceFactory
 from .harness import REPLAYED, Service, World, problem_type

@@ -16,7 +16,7 @@ from django.core.management.base import CommandError
 from django.test import Client
 
 from retrysafe import stores
-from retrysafe._keys import record_id
+from retrysafe._core.keys import record_id
 from retrysafe.contrib.django.store import DjangoStore
 
 from . import views

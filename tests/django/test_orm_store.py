@@ -13,7 +13,7 @@ import pytest
 from django.core.management import call_command
 from django.db import connections
 
-from retrysafe._keys import record_id
+from retrysafe._core.keys import record_id
 from retrysafe.contrib.django.store import DjangoStore
 from retrysafe.demo.django_app.models import Order
 

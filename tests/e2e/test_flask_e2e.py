@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from retrysafe._keys import record_id
+from retrysafe._core.keys import record_id
 from retrysafe.stores import store_from_url
 
 from ..conftest import RUN_ID

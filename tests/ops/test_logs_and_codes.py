@@ -15,8 +15,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 import retrysafe
-from retrysafe._logging import LOG_LEVELS, log_event
-from retrysafe._problems import PROBLEMS
+from retrysafe._core.events import LOG_LEVELS, log_event
+from retrysafe._core.problems import PROBLEMS
 from retrysafe.asgi import IdempotencyMiddleware
 from retrysafe.stores import AsyncMemoryStore
 

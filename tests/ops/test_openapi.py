@@ -10,7 +10,7 @@ from fastapi import FastAPI
 from openapi_spec_validator import validate
 from pydantic import BaseModel
 
-from retrysafe._problems import PROBLEMS
+from retrysafe._core.problems import PROBLEMS
 from retrysafe.contrib.fastapi import idempotent, install
 
 from ..integrations.helpers import client_for, key

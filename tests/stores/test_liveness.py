@@ -251,7 +251,7 @@ def test_memory_store_child_takes_over_its_parents_keys(backend: Backend) -> Non
 
 
 def test_tokens_name_their_owner_only_when_marked() -> None:
-    from retrysafe.stores._base import instance_id, new_owned_token, new_token, token_owner
+    from retrysafe._core.records import instance_id, new_owned_token, new_token, token_owner
 
     assert token_owner(new_owned_token()) == instance_id()
     assert token_owner(new_token()) is None  # a plain token is never judged

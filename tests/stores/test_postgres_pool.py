@@ -18,7 +18,7 @@ from collections import Counter
 
 import pytest
 
-from retrysafe._errors import StoreError
+from retrysafe._core.errors import StoreError
 from retrysafe.stores.postgres import AsyncPostgresStore
 
 from .backend_postgres import admin_connect, fresh_table_url

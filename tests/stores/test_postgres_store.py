@@ -8,7 +8,7 @@ import uuid
 
 import pytest
 
-from retrysafe._errors import ConfigurationError, StoreError, StoreUnavailableError
+from retrysafe._core.errors import ConfigurationError, StoreError, StoreUnavailableError
 from retrysafe.cli import main
 from retrysafe.stores import async_store_from_url, store_from_url
 from retrysafe.stores._postgres_sql import PostgresOptions, Query, Rows

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from retrysafe._keys import record_id
-from retrysafe._scope import authorization_scope
+from retrysafe._core.keys import record_id
+from retrysafe._core.scope import authorization_scope
 from retrysafe.cli import main
 from retrysafe.stores import SQLiteStore
 

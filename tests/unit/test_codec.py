@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from retrysafe import CodecError, StoredResponse
-from retrysafe._codec import decode_response, encode_response
+from retrysafe._core.codec import decode_response, encode_response
 
 headers_st = st.lists(
     st.tuples(st.binary(min_size=1, max_size=40), st.binary(max_size=200)), max_size=12

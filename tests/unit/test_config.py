@@ -13,7 +13,7 @@ from retrysafe import (
     RouteOptions,
     idempotent,
 )
-from retrysafe._routes import ROUTE_OPTIONS_ATTR
+from retrysafe._core.routes import ROUTE_OPTIONS_ATTR
 
 
 def test_defaults_match_the_design() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from retrysafe._fingerprint import fingerprint
+from retrysafe._core.fingerprint import fingerprint
 
 JSON = b"application/json"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from retrysafe import InvalidKeyError
-from retrysafe._keys import MAX_KEY_LENGTH, parse_key, record_id
+from retrysafe._core.keys import MAX_KEY_LENGTH, parse_key, record_id
 
 
 @pytest.mark.parametrize(

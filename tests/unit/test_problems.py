@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from retrysafe._problems import PROBLEMS, render_problem
+from retrysafe._core.problems import PROBLEMS, render_problem
 
 
 def headers_of(raw: list[tuple[bytes, bytes]]) -> dict[bytes, bytes]:

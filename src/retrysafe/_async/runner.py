@@ -1,6 +1,6 @@
 """The async runner: performs the request flow's actions against an async store.
 
-The flow (:mod:`retrysafe._flow`) decides; this module only does what it is told: one store
+The flow (:mod:`retrysafe._core.flow`) decides; this module only does what it is told: one store
 call per action, the request's transaction object, the handler's finalizers, lease renewal and
 background completion (through :class:`AsyncLeaseKeeper`). It is also the handler's context
 (``transaction()``, ``mark_committed()``).
@@ -15,7 +15,7 @@ import time
 from collections.abc import Awaitable, Callable, Generator
 from typing import Any, TypeVar
 
-from .._flow import (
+from .._core.flow import (
     BEGIN,
     CLOCK,
     COMPLETE,
@@ -38,7 +38,7 @@ from .._flow import (
     Flow,
     notify,
 )
-from .._transaction import AsyncTransaction
+from .._core.transaction import AsyncTransaction
 from ..stores._base import AsyncStore
 from ._keeper import AsyncLeaseKeeper
 
@@ -63,7 +63,7 @@ class AsyncRunner:
 
 
 class AsyncExchange:
-    """One keyed request: drives its :class:`~retrysafe._flow.Flow`, and is the handler's
+    """One keyed request: drives its :class:`~retrysafe._core.flow.Flow`, and is the handler's
     context (the object :func:`retrysafe.transaction` and :func:`retrysafe.mark_committed`
     find in the request's scope or environ).
 

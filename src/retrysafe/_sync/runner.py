@@ -1,7 +1,7 @@
 # Generated from src/retrysafe/_async/runner.py by scripts/unasync.py: do not edit.
 """The sync runner: performs the request flow's actions against a sync store.
 
-The flow (:mod:`retrysafe._flow`) decides; this module only does what it is told: one store
+The flow (:mod:`retrysafe._core.flow`) decides; this module only does what it is told: one store
 call per action, the request's transaction object, the handler's finalizers, lease renewal and
 background completion (through :class:`LeaseKeeper`). It is also the handler's context
 (``transaction()``, ``mark_committed()``).
@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Generator
 from typing import Any, TypeVar
 
-from .._flow import (
+from .._core.flow import (
     BEGIN,
     CLOCK,
     COMPLETE,
@@ -39,7 +39,7 @@ from .._flow import (
     Flow,
     notify,
 )
-from .._transaction import Transaction
+from .._core.transaction import Transaction
 from ..stores._base import Store
 from ._keeper import LeaseKeeper
 
@@ -64,7 +64,7 @@ class Runner:
 
 
 class Exchange:
-    """One keyed request: drives its :class:`~retrysafe._flow.Flow`, and is the handler's
+    """One keyed request: drives its :class:`~retrysafe._core.flow.Flow`, and is the handler's
     context (the object :func:`retrysafe.transaction` and :func:`retrysafe.mark_committed`
     find in the request's scope or environ).
 

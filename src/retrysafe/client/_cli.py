@@ -13,7 +13,7 @@ import json
 import sys
 from collections.abc import Sequence
 
-from .._errors import IdempotencyError
+from .._core.errors import IdempotencyError
 from ._errors import ClientError, OutcomeUnknownError
 from ._journal import SQLiteJournal
 from ._policy import RetryPolicy, retry_info

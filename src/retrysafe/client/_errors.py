@@ -13,7 +13,7 @@ The tree (every class also derives from :class:`retrysafe.IdempotencyError`)::
 
 from __future__ import annotations
 
-from .._errors import IdempotencyError
+from .._core.errors import IdempotencyError
 
 __all__ = ["ClientError", "KeyReusedError", "OutcomeUnknownError", "RetriesExhaustedError"]
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Protocol, runtime_checkable
 
-from .._errors import ConfigurationError
+from .._core.errors import ConfigurationError
 
 __all__ = [
     "Journal",

@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 from urllib.parse import urlsplit, urlunsplit
 
-from .._errors import ConfigurationError, InvalidKeyError
-from .._keys import parse_key
+from .._core.errors import ConfigurationError, InvalidKeyError
+from .._core.keys import parse_key
 from ._errors import ClientError, KeyReusedError, OutcomeUnknownError, RetriesExhaustedError
 
 if TYPE_CHECKING:

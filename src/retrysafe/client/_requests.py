@@ -17,7 +17,7 @@ import requests
 from requests.adapters import HTTPAdapter
 from urllib3.exceptions import NewConnectionError
 
-from .._errors import ConfigurationError
+from .._core.errors import ConfigurationError
 from ._journal import current_operation
 from ._policy import Failure, RetryPolicy
 

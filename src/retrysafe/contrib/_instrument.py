@@ -13,9 +13,9 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
 
-from .._transaction import AsyncTransaction
+from .._core.records import Record, Reservation
+from .._core.transaction import AsyncTransaction
 from ..stores import AsyncStore, Store, resolve_async_store
-from ..stores._base import Record, Reservation
 
 __all__ = ["OUTCOMES", "InstrumentedStore", "Observe", "instrument", "store_kind"]
 
@@ -153,12 +153,12 @@ class InstrumentedTransaction:
 
     @property
     def begun(self) -> bool:
-        """See :attr:`retrysafe._transaction.AsyncTransaction.begun`."""
+        """See :attr:`retrysafe._core.transaction.AsyncTransaction.begun`."""
         return self.inner.begun
 
     @property
     def broken(self) -> bool:
-        """See :attr:`retrysafe._transaction.AsyncTransaction.broken`."""
+        """See :attr:`retrysafe._core.transaction.AsyncTransaction.broken`."""
         return self.inner.broken
 
     async def connection(self) -> Any:

@@ -23,11 +23,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from .._config import IdempotencyConfig
-from .._errors import ConfigurationError
-from .._problems import PROBLEMS
-from .._routes import ROUTE_OPTIONS_ATTR, idempotent
-from .._transaction import transaction
+from .._core.config import IdempotencyConfig
+from .._core.errors import ConfigurationError
+from .._core.problems import PROBLEMS
+from .._core.routes import ROUTE_OPTIONS_ATTR, idempotent
+from .._core.transaction import transaction
 from ..asgi import IdempotencyMiddleware
 from ..stores import AsyncStore, Store
 

@@ -32,9 +32,9 @@ from typing import Any
 
 from .. import cli as _cli
 from .. import wsgi as _wsgi
-from .._config import IdempotencyConfig, RouteOptions, front_config
-from .._errors import ConfigurationError
-from .._routes import idempotent, route_options
+from .._core.config import IdempotencyConfig, RouteOptions, front_config
+from .._core.errors import ConfigurationError
+from .._core.routes import idempotent, route_options
 from ..stores import Store, resolve_store
 
 try:

@@ -31,7 +31,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
-from .._config import EventHook
+from .._core.config import EventHook
 from ..stores import AsyncStore, Store
 from ._instrument import OUTCOMES, InstrumentedStore, instrument, store_kind
 

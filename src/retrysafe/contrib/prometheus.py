@@ -37,7 +37,7 @@ from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import Any
 
-from .._config import EventHook
+from .._core.config import EventHook
 from ..stores import AsyncStore, Store
 from ._instrument import OUTCOMES as REQUEST_OUTCOMES
 from ._instrument import InstrumentedStore, instrument, store_kind

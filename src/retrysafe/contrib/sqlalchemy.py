@@ -35,7 +35,7 @@ import contextvars
 import sqlite3
 from typing import Any
 
-from .._transaction import CONTEXT_SCOPE_KEY, transaction
+from .._core.transaction import CONTEXT_SCOPE_KEY, transaction
 
 try:
     from sqlalchemy import create_engine

@@ -15,9 +15,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from .._config import IdempotencyConfig
-from .._routes import idempotent
-from .._transaction import mark_committed, transaction
+from .._core.config import IdempotencyConfig
+from .._core.routes import idempotent
+from .._core.transaction import mark_committed, transaction
 from ..asgi import IdempotencyMiddleware
 from ..stores import resolve_async_store
 from ._contract import DemoFailure, InvalidRecord, knob_ms, parse_record

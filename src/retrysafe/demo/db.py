@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, TypeVar
 from urllib.parse import parse_qs
 
-from .._errors import ConfigurationError, StoreUnavailableError
+from .._core.errors import ConfigurationError, StoreUnavailableError
 from ..stores.sqlite import (
     DEFAULT_BUSY_TIMEOUT,
     SQLiteBusyError,

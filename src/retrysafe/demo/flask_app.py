@@ -23,7 +23,7 @@ from urllib.parse import parse_qs
 from flask import Flask, Response, request
 from werkzeug.exceptions import HTTPException
 
-from .._errors import ConfigurationError
+from .._core.errors import ConfigurationError
 from ..contrib.flask import Idempotency, idempotent, mark_committed, transaction
 from ..stores.sqlite import parse_sqlite_url
 from ._contract import DemoFailure, InvalidRecord, knob_ms, parse_record

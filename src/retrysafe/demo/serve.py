@@ -10,7 +10,7 @@ import argparse
 from collections.abc import Callable
 from importlib import import_module
 
-from .._errors import ConfigurationError
+from .._core.errors import ConfigurationError
 
 __all__ = ["SERVERS", "serve_fastapi", "serve_starlette"]
 

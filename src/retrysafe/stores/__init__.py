@@ -16,8 +16,9 @@ from __future__ import annotations
 import importlib as _importlib
 from typing import Any as _Any
 
-from .._errors import ConfigurationError as _ConfigurationError
-from ._base import AsyncStore, Record, Reservation, Store
+from .._core.errors import ConfigurationError as _ConfigurationError
+from .._core.records import Record, Reservation
+from ._base import AsyncStore, Store
 from ._inline import InlineAsyncStore as _InlineAsyncStore
 from .memory import AsyncMemoryStore, MemoryStore
 from .sqlite import AsyncSQLiteStore, SQLiteStore

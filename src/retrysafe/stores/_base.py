@@ -1,126 +1,18 @@
 """The store contract shared by every backend.
 
-A store keeps one record per scoped key. ``reserve`` is the single atomic step that decides the
-winner; ``renew``, ``complete`` and ``release`` are compare-and-set on the reservation's token
-(fencing), so a process that lost its lease can neither overwrite nor delete the record of the
-request that took over.
+A store keeps one record per scoped key (:mod:`retrysafe._core.records`). ``reserve`` is the
+single atomic step that decides the winner; ``renew``, ``complete`` and ``release`` are
+compare-and-set on the reservation's token (fencing), so a process that lost its lease can
+neither overwrite nor delete the record of the request that took over.
 """
 
 from __future__ import annotations
 
-import itertools
-import os
-import secrets
-from dataclasses import dataclass
-from typing import Literal, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
-__all__ = [
-    "AsyncStore",
-    "Record",
-    "Reservation",
-    "Store",
-    "instance_id",
-    "new_owned_token",
-    "new_token",
-    "token_owner",
-]
+from .._core.records import Record, Reservation
 
-RecordState = Literal["in_progress", "completed"]
-
-
-class _Tokens:
-    """Fencing tokens: a random per-process prefix and a counter.
-
-    Tokens must be unique across every process and host that shares a store, never secret (they
-    never leave the server). A random 96-bit prefix per process (renewed after ``fork``) plus a
-    counter is that, at a fraction of the cost of reading the OS random source per request.
-    """
-
-    def __init__(self) -> None:
-        self.reset()
-        os.register_at_fork(after_in_child=self.reset)
-
-    def reset(self) -> None:
-        # The prefix doubles as the process's instance id (owner liveness): renewed after fork,
-        # so a child never passes for its parent.
-        self.prefix = secrets.token_hex(12)
-        self.counter = itertools.count(1)
-
-    def __call__(self) -> str:
-        return f"{self.prefix}{next(self.counter):x}"
-
-    def owned(self) -> str:
-        # The dash marks "this owner's liveness can be checked": a token without it (an older
-        # version, or a store whose liveness signal is not up) is only ever taken over after
-        # its lease, never because its owner looks dead.
-        return f"{self.prefix}{_OWNER_MARK}{next(self.counter):x}"
-
-
-_OWNER_MARK = "-"
-_INSTANCE_LENGTH = 24
-
-new_token = _Tokens()
-"""Return a fresh reservation token, unique across processes and hosts."""
-
-
-def new_owned_token() -> str:
-    """Return a fresh token that names this process as its owner (see :func:`token_owner`).
-
-    A store hands these out only while its liveness signal for this process is up (PostgreSQL:
-    the advisory lock is held; Redis: the heartbeat runs; SQLite: the process is registered).
-    """
-    return new_token.owned()
-
-
-def instance_id() -> str:
-    """This process's instance id: random, renewed after ``fork``."""
-    return new_token.prefix
-
-
-def token_owner(token: str | None) -> str | None:
-    """The instance id a token from :func:`new_owned_token` names, else ``None`` (unknown)."""
-    if token is None or len(token) <= _INSTANCE_LENGTH or token[_INSTANCE_LENGTH] != _OWNER_MARK:
-        return None
-    return token[:_INSTANCE_LENGTH]
-
-
-@dataclass(frozen=True, slots=True)
-class Record:
-    """What a store holds for one scoped key.
-
-    Attributes:
-        fingerprint: the fingerprint of the request that reserved the key.
-        state: ``"in_progress"`` while the first request runs, ``"completed"`` once stored.
-        response: the encoded response (completed records only).
-        lease_remaining: seconds left on the lease (in-progress records; 0 when lapsed).
-        committed: the running request declared its side effects committed
-            (:meth:`AsyncStore.mark_committed`): such a record is never taken over; once its
-            lease lapses without completion its outcome is unknown.
-    """
-
-    fingerprint: str
-    state: RecordState
-    response: bytes | None = None
-    lease_remaining: float = 0.0
-    committed: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class Reservation:
-    """The result of :meth:`Store.reserve`: either this call won the key, or the existing record.
-
-    Attributes:
-        token: the fencing token when this call won the key, else ``None``.
-        record: the record that holds the key when this call did not win.
-    """
-
-    token: str | None = None
-    record: Record | None = None
-
-    @property
-    def acquired(self) -> bool:
-        """Whether this call won the key and must run the request."""
-        return self.token is not None
+__all__ = ["AsyncStore", "Store"]
 
 
 @runtime_checkable

@@ -10,8 +10,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from .._errors import ConfigurationError
-from ._base import Record, Reservation, Store
+from .._core.errors import ConfigurationError
+from .._core.records import Record, Reservation
+from ._base import Store
 
 __all__ = ["InlineAsyncStore"]
 

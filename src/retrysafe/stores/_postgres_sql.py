@@ -23,8 +23,15 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from .._errors import ConfigurationError, StoreError, StoreUnavailableError
-from ._base import Record, Reservation, instance_id, new_owned_token, new_token, token_owner
+from .._core.errors import ConfigurationError, StoreError, StoreUnavailableError
+from .._core.records import (
+    Record,
+    Reservation,
+    instance_id,
+    new_owned_token,
+    new_token,
+    token_owner,
+)
 from ._sql import load_queries
 
 __all__ = [

@@ -34,7 +34,7 @@ from typing import Any, cast
 
 import hiredis
 
-from .._errors import StoreError, StoreUnavailableError
+from .._core.errors import StoreError, StoreUnavailableError
 
 __all__ = ["LeanRedis", "ReplyError", "pack_command"]
 

@@ -9,7 +9,7 @@ import functools
 from importlib import resources
 from typing import Any
 
-from ._base import Record
+from .._core.records import Record
 
 __all__ = ["load_queries", "record_from_row"]
 

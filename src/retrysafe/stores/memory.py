@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ._base import Record, Reservation, instance_id, new_token
+from .._core.records import Record, Reservation, instance_id, new_token
 from ._inline import InlineAsyncStore
 
 __all__ = ["AsyncMemoryStore", "MemoryStore"]

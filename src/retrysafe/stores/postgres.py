@@ -70,8 +70,8 @@ import time
 from collections.abc import Awaitable, Callable, Generator, Sequence
 from typing import Any, TypeVar
 
-from .._errors import StoreError, StoreUnavailableError
-from ._base import Record, Reservation, instance_id
+from .._core.errors import StoreError, StoreUnavailableError
+from .._core.records import Record, Reservation, instance_id
 from ._postgres_sql import (
     OWNER_LOCK_CLASS,
     STORE_NAME,

@@ -51,8 +51,15 @@ from redis.exceptions import NoScriptError, RedisClusterException, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
-from .._errors import ConfigurationError, StoreError, StoreUnavailableError
-from ._base import Record, Reservation, instance_id, new_owned_token, new_token, token_owner
+from .._core.errors import ConfigurationError, StoreError, StoreUnavailableError
+from .._core.records import (
+    Record,
+    Reservation,
+    instance_id,
+    new_owned_token,
+    new_token,
+    token_owner,
+)
 from ._redis_lean import LeanRedis, ReplyError, pack_command
 
 __all__ = ["AsyncRedisStore", "RedisStore", "parse_redis_url"]

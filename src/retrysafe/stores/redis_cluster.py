@@ -39,7 +39,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from .._errors import ConfigurationError, StoreError, StoreUnavailableError
+from .._core.errors import ConfigurationError, StoreError, StoreUnavailableError
 from .redis import AsyncRedisStore, RedisStore, RedisURL, _Heartbeat, parse_redis_url
 
 __all__ = [

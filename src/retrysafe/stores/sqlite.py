@@ -30,9 +30,16 @@ from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import parse_qs
 
-from .._errors import ConfigurationError, StoreError, StoreUnavailableError
+from .._core.errors import ConfigurationError, StoreError, StoreUnavailableError
+from .._core.records import (
+    Record,
+    Reservation,
+    instance_id,
+    new_owned_token,
+    new_token,
+    token_owner,
+)
 from . import _liveness
-from ._base import Record, Reservation, instance_id, new_owned_token, new_token, token_owner
 from ._inline import InlineAsyncStore
 from ._sql import load_queries, record_from_row
 

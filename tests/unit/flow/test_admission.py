@@ -11,7 +11,7 @@ import json
 import pytest
 
 from retrysafe import IdempotencyConfig
-from retrysafe._flow import Answer, Decision, admit, decide, retry_after, too_large
+from retrysafe._core.flow import Answer, Decision, admit, decide, retry_after, too_large
 from retrysafe.stores import Record, Reservation
 
 from .script import make_request

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from retrysafe import StoreError, StoreUnavailableError
-from retrysafe._flow import (
+from retrysafe._core.flow import (
     CLOCK,
     COMPLETE,
     COMPLETION_RETRY_SECONDS,

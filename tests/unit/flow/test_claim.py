@@ -8,8 +8,8 @@ import json
 import pytest
 
 from retrysafe import StoreError, StoreUnavailableError
-from retrysafe._codec import StoredResponse, encode_response
-from retrysafe._flow import (
+from retrysafe._core.codec import StoredResponse, encode_response
+from retrysafe._core.flow import (
     BEGIN,
     CLOCK,
     EMIT,

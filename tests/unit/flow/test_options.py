@@ -8,8 +8,8 @@ from email.utils import parsedate_to_datetime
 import pytest
 
 from retrysafe import ConfigurationError, IdempotencyConfig
-from retrysafe._codec import StoredResponse, decode_response, encode_response
-from retrysafe._flow import COMPLETE, EXECUTE, NOW, RESERVE, Answer, Estimates
+from retrysafe._core.codec import StoredResponse, decode_response, encode_response
+from retrysafe._core.flow import COMPLETE, EXECUTE, NOW, RESERVE, Answer, Estimates
 
 from .script import ANY, completed, flow_for, in_progress, run, won
 

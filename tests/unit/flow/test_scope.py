@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 
 from retrysafe import Request
-from retrysafe._fingerprint import fingerprint
-from retrysafe._keys import record_id
-from retrysafe._scope import authorization_scope, default_principal, user_scope
+from retrysafe._core.fingerprint import fingerprint
+from retrysafe._core.keys import record_id
+from retrysafe._core.scope import authorization_scope, default_principal, user_scope
 
 from .script import flow_for, make_request
 

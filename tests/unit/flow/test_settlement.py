@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from retrysafe import StoreError, StoreUnavailableError
-from retrysafe._codec import decode_response
-from retrysafe._flow import (
+from retrysafe._core.codec import decode_response
+from retrysafe._core.flow import (
     COMPLETE,
     DEFER,
     EMIT,

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..._routes import idempotent
+from ..._core.routes import idempotent
 
 __all__ = [
     "IdempotencyMiddleware",

@@ -9,8 +9,8 @@ from typing import Any
 from django.contrib import admin
 from django.http import HttpRequest
 
-from ..._codec import decode_response
-from ..._errors import CodecError
+from ..._core.codec import decode_response
+from ..._core.errors import CodecError
 from .models import IdempotencyRecord
 
 __all__ = ["IdempotencyRecordAdmin"]

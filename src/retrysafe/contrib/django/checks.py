@@ -9,8 +9,8 @@ from django.apps import apps
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Warning, register
 
-from ..._config import IdempotencyConfig
-from ..._errors import ConfigurationError
+from ..._core.config import IdempotencyConfig
+from ..._core.errors import ConfigurationError
 from .conf import DEFAULT_STORE, Settings, is_django_store, load_settings
 
 __all__ = ["check_settings"]

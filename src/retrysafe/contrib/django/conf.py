@@ -23,8 +23,8 @@ from typing import Any
 from django.conf import settings
 from django.utils.module_loading import import_string
 
-from ..._config import IdempotencyConfig
-from ..._errors import ConfigurationError
+from ..._core.config import IdempotencyConfig
+from ..._core.errors import ConfigurationError
 
 __all__ = ["DEFAULT_STORE", "Settings", "is_django_store", "load_settings"]
 

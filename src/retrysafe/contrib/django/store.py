@@ -30,8 +30,8 @@ from django.db import (
     transaction,
 )
 
-from ..._errors import ConfigurationError, StoreError, StoreUnavailableError
-from ...stores._base import Record, Reservation, new_token
+from ..._core.errors import ConfigurationError, StoreError, StoreUnavailableError
+from ..._core.records import Record, Reservation, new_token
 from ...stores._sql import record_from_row
 
 __all__ = [

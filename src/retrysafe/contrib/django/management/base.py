@@ -7,9 +7,9 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from ...._errors import IdempotencyError
-from ...._keys import record_id
-from ...._scope import authorization_scope
+from ...._core.errors import IdempotencyError
+from ...._core.keys import record_id
+from ...._core.scope import authorization_scope
 from ....stores import Store
 from ..conf import load_settings
 

@@ -6,9 +6,9 @@ from typing import Any
 
 from django.core.management.base import CommandError
 
-from retrysafe._codec import decode_response
 from retrysafe.stores import Store
 
+from ....._core.codec import decode_response
 from ..base import KeyCommand
 
 

@@ -6,7 +6,7 @@ import hashlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ._request import Request
+    from .request import Request
 
 __all__ = ["authorization_scope", "default_principal", "user_scope"]
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
 
-from ._errors import ConfigurationError
+from .errors import ConfigurationError
 
 __all__ = [
     "CONTEXT_SCOPE_KEY",

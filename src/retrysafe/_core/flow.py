@@ -1,7 +1,7 @@
 """The request flow, sans-I/O: every row of the wire contract (DESIGN section 2) decided here.
 
 Nothing in this module awaits, sleeps, spawns or talks to a server: it imports no asyncio, no
-thread primitive and no framework. Shells build a :class:`~retrysafe._request.Request` and call
+thread primitive and no framework. Shells build a :class:`~retrysafe._core.request.Request` and call
 :func:`admit`; the request's :class:`Flow` then decides everything else. Its phases are
 generators that **yield actions** (``(op, argument)`` pairs: reserve, complete, release, sleep,
 emit...) and **return verdicts**; a runner (``_async/runner.py`` and its generated sync twin)
@@ -30,16 +30,16 @@ from collections.abc import Generator, Mapping
 from email.utils import formatdate
 from typing import Any
 
-from ._codec import decode, encode
-from ._config import IdempotencyConfig
-from ._errors import CodecError, InvalidKeyError, StoreError
-from ._fingerprint import fingerprint
-from ._keys import parse_key, record_id
-from ._logging import LOG_LEVELS, log_event
-from ._problems import render_problem
-from ._request import Request
-from ._scope import default_principal
-from .stores._base import Reservation
+from .codec import decode, encode
+from .config import IdempotencyConfig
+from .errors import CodecError, InvalidKeyError, StoreError
+from .events import LOG_LEVELS, log_event
+from .fingerprint import fingerprint
+from .keys import parse_key, record_id
+from .problems import render_problem
+from .records import Reservation
+from .request import Request
+from .scope import default_principal
 
 __all__ = [
     "BEGIN",
@@ -205,7 +205,7 @@ def problem(
     retry_after: int | None = None,
     event: str | None = None,
 ) -> Answer:
-    """An RFC 9457 problem answer (see :mod:`retrysafe._problems`)."""
+    """An RFC 9457 problem answer (see :mod:`retrysafe._core.problems`)."""
     status, headers, body = render_problem(
         slug,
         detail,
@@ -259,7 +259,7 @@ def notify(
     extra: Mapping[str, object] | None = None,
 ) -> None:
     """Report ``event``: one structured log line when it is non-trivial (see
-    :mod:`retrysafe._logging`), and the ``on_event`` hook (a failing hook is logged, never
+    :mod:`retrysafe._core.events`), and the ``on_event`` hook (a failing hook is logged, never
     raised). Routine events cost nothing without a hook."""
     hook = config.on_event
     level = LOG_LEVELS.get(event)

@@ -7,8 +7,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal
 
-from ._errors import ConfigurationError
-from ._request import Request
+from .errors import ConfigurationError
+from .request import Request
 
 __all__ = [
     "DEFAULT_RELEASE_STATUSES",

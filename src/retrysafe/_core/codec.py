@@ -16,7 +16,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-from ._errors import CodecError
+from .errors import CodecError
 
 __all__ = ["StoredResponse", "decode", "decode_response", "encode", "encode_response"]
 

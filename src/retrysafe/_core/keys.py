@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 
-from ._errors import InvalidKeyError
+from .errors import InvalidKeyError
 
 __all__ = ["MAX_KEY_LENGTH", "parse_key", "record_id"]
 

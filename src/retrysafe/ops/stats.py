@@ -10,9 +10,9 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ._errors import ConfigurationError, StoreUnavailableError
-from .stores import Store
-from .stores._sql import load_queries
+from .._core.errors import ConfigurationError, StoreUnavailableError
+from ..stores import Store
+from ..stores._sql import load_queries
 
 __all__ = ["StoreStats", "store_stats"]
 

@@ -1,92 +1,20 @@
-"""Per-route settings: the :func:`idempotent` decorator and the lookup the middleware does.
+"""Route matching for the ASGI shell: which ``@idempotent`` route a request goes to.
 
-The decorator only marks an endpoint; it needs no framework. The ASGI middleware finds marked
-routes through ``scope["app"].routes`` (Starlette and FastAPI set ``scope["app"]`` before their
-middleware runs) and matches the request against those routes only.
+Starlette and FastAPI set ``scope["app"]`` before their middleware runs, so the middleware reads
+``scope["app"].routes`` once per app (cached), keeps the marked routes, and matches the request
+against those alone with the routes' own ``matches(scope)``.
 """
 
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable, Mapping
-from typing import Any, Literal, TypeVar
+from collections.abc import Mapping
+from typing import Any
 
-from ._config import IdempotencyConfig, RouteOptions, ScopeResolver
+from ._core.config import IdempotencyConfig, RouteOptions
+from ._core.routes import ROUTE_OPTIONS_ATTR, route_config
 
-__all__ = [
-    "ROUTE_OPTIONS_ATTR",
-    "RouteTable",
-    "find_route_options",
-    "idempotent",
-    "route_config",
-    "route_options",
-    "route_template",
-]
-
-ROUTE_OPTIONS_ATTR = "__retrysafe_options__"
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def idempotent(
-    *,
-    enabled: bool = True,
-    required: bool | None = None,
-    ttl: float | None = None,
-    lease: float | None = None,
-    on_conflict: Literal["reject", "wait"] | None = None,
-    canonical_json: bool | None = None,
-    scope_resolver: ScopeResolver | None = None,
-    release_statuses: frozenset[int] | None = None,
-) -> Callable[[F], F]:
-    """Mark an endpoint with per-route idempotency settings (see :class:`RouteOptions`).
-
-    Example::
-
-        @app.post("/payments")
-        @idempotent(required=True, ttl=3600)
-        async def pay(...): ...
-
-    Returns:
-        A decorator that returns the endpoint unchanged, only marked.
-    """
-    options = RouteOptions(
-        enabled=enabled,
-        required=required,
-        ttl=ttl,
-        lease=lease,
-        on_conflict=on_conflict,
-        canonical_json=canonical_json,
-        scope_resolver=scope_resolver,
-        release_statuses=release_statuses,
-    )
-
-    def mark(endpoint: F) -> F:
-        setattr(endpoint, ROUTE_OPTIONS_ATTR, options)
-        return endpoint
-
-    return mark
-
-
-def route_options(endpoint: Any) -> RouteOptions | None:
-    """The options ``@idempotent`` put on an endpoint (a view function), if any."""
-    options = getattr(endpoint, ROUTE_OPTIONS_ATTR, None)
-    return options if isinstance(options, RouteOptions) else None
-
-
-def route_config(
-    cache: dict[int, IdempotencyConfig], options: RouteOptions | None, base: IdempotencyConfig
-) -> IdempotencyConfig | None:
-    """``base`` with a route's overrides (merged once per options object, cached in ``cache``),
-    or ``None`` when the route opted out (``enabled=False``)."""
-    if options is None:
-        return base
-    if not options.enabled:
-        return None
-    config = cache.get(id(options))
-    if config is None:
-        config = cache[id(options)] = base.with_route(options)
-    return config
+__all__ = ["RouteTable", "find_route_options", "route_template"]
 
 
 def _marked_routes(routes: Any) -> list[tuple[Any, RouteOptions]]:

@@ -1,0 +1,130 @@
+"""The proxy's ASGI app: health and readiness, then one middleware per route policy, then the
+forwarder."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
+from typing import Any
+
+from .._core.errors import StoreError
+from ..asgi import IdempotencyMiddleware
+from ..stores import AsyncStore, resolve_async_store
+from .forward import UpstreamProxy, _problem
+from .settings import ProxySettings, RoutePolicy
+
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Any]]
+Send = Callable[[Any], Awaitable[None]]
+ASGIApp = Callable[[Any, Receive, Send], Awaitable[None]]
+
+logger = logging.getLogger("retrysafe.proxy")
+
+HEALTH_PATH = "/-/healthz"
+READY_PATH = "/-/readyz"
+
+
+class _Front:
+    """Answers the proxy's own endpoints and hands every other request to its route's stack."""
+
+    def __init__(
+        self,
+        proxy: UpstreamProxy,
+        store: AsyncStore,
+        default: ASGIApp,
+        routes: list[tuple[RoutePolicy, ASGIApp]],
+    ) -> None:
+        self.proxy = proxy
+        self.store = store
+        self.default = default
+        self.routes = routes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if kind == "lifespan":
+            await self._lifespan(receive, send)
+            return
+        if kind != "http":
+            await self.proxy(scope, receive, send)
+            return
+        path: str = scope["path"]
+        if path == HEALTH_PATH:
+            await _json(send, 200, {"status": "ok"})
+            return
+        if path == READY_PATH:
+            await self._ready(send)
+            return
+        for policy, app in self.routes:
+            if policy.matches(path):
+                await app(scope, receive, send)
+                return
+        await self.default(scope, receive, send)
+
+    async def _ready(self, send: Send) -> None:
+        try:
+            await asyncio.wait_for(self.store.get("retrysafe-proxy-readiness-probe"), 5.0)
+        except (StoreError, OSError, TimeoutError) as exc:
+            logger.warning("readiness: store unreachable: %s", exc)
+            await _problem(
+                send,
+                "idempotency-store-unavailable",
+                "The idempotency store cannot be reached.",
+                retry_after=1,
+            )
+            return
+        await _json(send, 200, {"status": "ready", "store": "ok"})
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await self.proxy.aclose()
+                try:
+                    await self.store.aclose()
+                except StoreError as exc:
+                    logger.warning("closing the store failed: %s", exc)
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+
+async def _json(send: Send, status: int, payload: Mapping[str, Any]) -> None:
+    body = json.dumps(payload).encode()
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        (b"cache-control", b"no-store"),
+    ]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+def build_app(settings: ProxySettings) -> ASGIApp:
+    """Build the proxy's ASGI app: health endpoints, then idempotency, then the forwarder.
+
+    Every route policy gets its own middleware over the one shared store, so per-route policy
+    needs nothing from the upstream (no framework routes to read options from).
+
+    Args:
+        settings: validated settings.
+
+    Returns:
+        The ASGI app (serve it with uvicorn; it handles the lifespan protocol).
+
+    Raises:
+        ConfigurationError: a bad store URL, a missing extra.
+    """
+    store = resolve_async_store(settings.store)
+    proxy = UpstreamProxy(settings)
+    default = IdempotencyMiddleware(proxy, store=store, config=settings.idempotency_config())
+    routes: list[tuple[RoutePolicy, ASGIApp]] = []
+    for policy in settings.routes:
+        if not policy.enabled:
+            routes.append((policy, proxy))
+            continue
+        config = settings.idempotency_config(policy)
+        routes.append((policy, IdempotencyMiddleware(proxy, store=store, config=config)))
+    return _Front(proxy, store, default, routes)
