@@ -16,8 +16,9 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from ._asgi_routes import RouteTable, route_template
+from ._asgi_startup import start_up_checks
 from ._async.runner import AsyncExchange, AsyncRunner
-from ._core.config import IdempotencyConfig, front_config
+from ._core.config import IdempotencyConfig, front_config, front_store
 from ._core.flow import EXECUTE, RUN_UNPROTECTED, Answer, Capture, Flow, admit, notify, too_large
 from ._core.request import Request, content_length
 from ._core.transaction import CONTEXT_SCOPE_KEY
@@ -90,10 +91,11 @@ class IdempotencyMiddleware:
         **options: Any,
     ) -> None:
         self.app = app
-        self.store = resolve_async_store(store)
-        self.config = front_config(config, options, self.store)
-        self._runner = AsyncRunner(self.store)
-        self._routes = RouteTable()
+        with start_up_checks(self):  # a bad setting raises here, unless Starlette builds lazily
+            self.store = front_store(resolve_async_store, store)
+            self.config = front_config(config, options, self.store)
+            self._runner = AsyncRunner(self.store)
+            self._routes = RouteTable()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] not in self.config.methods:

@@ -15,8 +15,10 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+from ._core.config import IdempotencyConfig
 from ._core.errors import ConfigurationError, IdempotencyError
 from ._core.keys import record_id
+from ._core.options import ConfigSource, boolean, read_options, seconds, suggestion
 from ._core.scope import authorization_scope
 from .stores import Store, store_from_url
 
@@ -26,8 +28,9 @@ _DESCRIPTION = """\
 Inspect and maintain retrysafe stores, and serve the OrderHub demo.
 Every --store defaults to $RETRYSAFE_STORE_URL."""
 
-#: The lease a demo gets when --lease is not given (never longer than --ttl).
-_DEFAULT_LEASE = 30.0
+#: Options given as flags: ``--ttl`` names ``ttl`` (errors name the flag).
+_FLAGS = ConfigSource(flags=True)
+_DEFAULTS = IdempotencyConfig()
 
 
 class _StoreFailed(Exception):
@@ -95,12 +98,13 @@ def _scope_of(args: argparse.Namespace) -> str:
 def _demo(args: argparse.Namespace) -> int:
     from .demo.serve import SERVERS
 
-    args.lease = min(_DEFAULT_LEASE, args.ttl) if args.lease is None else args.lease
-    if args.lease > args.ttl:
-        raise ConfigurationError(
-            f"--lease {args.lease:g} is longer than --ttl {args.ttl:g}; pass --lease "
-            f"{args.ttl:g} or less (or leave --lease out: it follows a short --ttl)"
-        )
+    # Read as every front reads settings: "--ttl 2h" works, "--ttl soon" is one clear line, and
+    # a short --ttl brings the lease down with it unless --lease is given.
+    flags = {"--ttl": args.ttl, "--lease": args.lease}
+    config = IdempotencyConfig.from_mapping(
+        {flag: value for flag, value in flags.items() if value is not None}, source=_FLAGS
+    )
+    args.ttl, args.lease = config.ttl, config.lease
     print(
         f"OrderHub ({args.framework}) on http://{args.host}:{args.port}/ (store {args.store})",
         flush=True,
@@ -162,15 +166,16 @@ def _proxy_worker_app() -> object:
 
 
 def _proxy_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from .proxy import OPTIONS
+    from .proxy.sources import OPTIONS, default, variable
 
     proxy = sub.add_parser(
         "proxy",
         help="serve an idempotency proxy in front of an HTTP backend in any language",
         description="Every option also comes from RETRYSAFE_<OPTION> (the store from "
         "RETRYSAFE_STORE_URL) or from the TOML --config file (top-level options and [[routes]] "
-        "tables with path, enabled, methods, required, ttl, lease); a flag wins over the "
-        "environment, which wins over the file.",
+        "tables with path, enabled and any middleware option: methods, required, ttl, lease...); "
+        "a flag wins over the environment, which wins over the file. Seconds take 30, 2.5 or "
+        "30s, 15m, 2h, 1d; lists a comma-separated string.",
     )
     proxy.add_argument("--config", help="TOML file (default: $RETRYSAFE_CONFIG)")
     helps = {
@@ -181,7 +186,7 @@ def _proxy_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "methods": "protected methods, comma-separated",
         "required": "a protected request without a key gets 400",
         "ttl": "retention of completed records, seconds",
-        "lease": "lease of a reservation, seconds",
+        "lease": "lease of a reservation, seconds (follows a shorter --ttl)",
         "max_body_size": "larger keyed request bodies get 413",
         "max_stored_body_size": "larger responses stream through but are not stored",
         "on_conflict": "reject (409) or wait for the first request of a key",
@@ -195,17 +200,17 @@ def _proxy_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "max_connections": "upstream connection pool size per worker",
         "log_level": "uvicorn log level",
     }
-    choices = {"on_conflict": ["reject", "wait"], "on_ambiguous": ["unknown", "release"]}
-    for name, (kind, variable, default) in OPTIONS.items():
-        flag = "--" + name.replace("_", "-")
-        shown = "required" if default is ... else f"default {default!r}"
-        if isinstance(default, frozenset):
-            shown = "default " + ",".join(sorted(default))
-        text = f"{helps.get(name, name)} (${variable}; {shown})"
-        if kind == "bool":
+    for name, coerce in OPTIONS.items():
+        value = default(name)
+        shown = "required" if value is ... else f"default {value!r}"
+        if isinstance(value, frozenset | tuple):
+            shown = "default " + ",".join(sorted(str(v) for v in value))
+        text = f"{helps.get(name, f'see IdempotencyConfig.{name}')} (${variable(name)}; {shown})"
+        flag = _FLAGS.key(name)
+        if coerce is boolean:
             proxy.add_argument(flag, action=argparse.BooleanOptionalAction, help=text)
-        else:
-            proxy.add_argument(flag, choices=choices.get(name), help=text)
+        else:  # read (and checked) by the proxy's loader, which names the flag in errors
+            proxy.add_argument(flag, help=text)
     proxy.set_defaults(func=_proxy)
 
 
@@ -299,7 +304,8 @@ def _stats(args: argparse.Namespace) -> int:
     with _open_store(args.store) as store:
         stats = store_stats(store)
     left = stats.oldest_in_progress_retention_left
-    oldest = None if left is None else max(0.0, args.ttl - left)
+    ttl = read_options({"--ttl": args.ttl}, _FLAGS, {"ttl": seconds})["ttl"].value
+    oldest = None if left is None else max(0.0, ttl - left)
     if args.json:
         print(json.dumps({**stats.as_dict(), "oldest_in_progress_age": oldest}, sort_keys=True))
     else:
@@ -312,7 +318,7 @@ def _stats(args: argparse.Namespace) -> int:
         if oldest is None:
             print("oldest in progress: none")
         else:
-            print(f"oldest in progress: started {oldest:.0f} s ago (for --ttl {args.ttl:g})")
+            print(f"oldest in progress: started {oldest:.0f} s ago (for --ttl {ttl:g})")
         print(
             f"outcome unknown: {stats.outcome_unknown}"
             + (" (retrysafe inspect / resolve)" if stats.outcome_unknown else "")
@@ -327,9 +333,9 @@ def _stats_parser(sub: Any) -> None:
     _store_arg(stats)
     stats.add_argument(
         "--ttl",
-        type=float,
-        default=24 * 3600.0,
-        help="the retention the app uses, seconds (ages are derived from it; default 86400)",
+        default=_DEFAULTS.ttl,
+        help="the retention the app uses, seconds or 30s/15m/2h/1d (ages are derived from it; "
+        f"default {_DEFAULTS.ttl:g})",
     )
     stats.add_argument("--json", action="store_true", help="one JSON object instead of text")
     stats.add_argument(
@@ -354,12 +360,12 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--port", type=int, default=8000)
     _store_arg(demo, "sqlite:///./retrysafe-demo.db")
     demo.add_argument("--db", default=None, help="where orders live (default: the store's db)")
-    demo.add_argument("--ttl", type=float, default=24 * 3600.0, help="retention, seconds")
+    demo.add_argument(
+        "--ttl", help=f"retention, seconds or 30s/15m/2h/1d (default: {_DEFAULTS.ttl:g})"
+    )
     demo.add_argument(
         "--lease",
-        type=float,
-        default=None,
-        help=f"lease, seconds (default: {_DEFAULT_LEASE:g}, or --ttl when that is shorter)",
+        help=f"lease, seconds (default: {_DEFAULTS.lease:g}, or --ttl when that is shorter)",
     )
     demo.add_argument("--log-level", default="info")
     from .demo.serve import SERVERS
@@ -418,13 +424,29 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command; returns the exit status."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
     try:
+        if unknown:
+            raise _unknown_arguments(parser, args, unknown)
         code: int = args.func(args)
     except (_StoreFailed, IdempotencyError) as exc:
         _fail(str(exc))
         return 2
     return code
+
+
+def _unknown_arguments(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, unknown: list[str]
+) -> ConfigurationError:
+    """An unknown flag is an unknown option: one line, with the closest flag of the command."""
+    flag = next((arg.partition("=")[0] for arg in unknown if arg.startswith("-")), None)
+    if flag is None:
+        return ConfigurationError(f"unexpected argument {unknown[0]!r}")
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    command = commands.choices.get(args.command)
+    known = [option for a in command._actions for option in a.option_strings] if command else []
+    return ConfigurationError(f"{flag}: unknown option{suggestion(flag, known)}", option=flag)
 
 
 def _fail(message: str) -> None:

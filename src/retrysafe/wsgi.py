@@ -20,7 +20,7 @@ from http import HTTPStatus
 from types import TracebackType
 from typing import Any
 
-from ._core.config import IdempotencyConfig, RouteOptions, front_config
+from ._core.config import IdempotencyConfig, RouteOptions, front_config, front_store
 from ._core.flow import EXECUTE, RUN_UNPROTECTED, Answer, Capture, Flow, admit, notify, too_large
 from ._core.request import Request, content_length
 from ._core.routes import route_config
@@ -116,7 +116,7 @@ class IdempotencyMiddleware:
         **options: Any,
     ) -> None:
         self.app = app
-        self.store = resolve_store(store)
+        self.store = front_store(resolve_store, store)
         self.config = front_config(config, options, self.store)
         self.route_options = route_options
         self._runner = Runner(self.store)

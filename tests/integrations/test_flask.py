@@ -512,15 +512,26 @@ def test_one_extension_sets_up_several_apps_with_their_own_settings(tmp_path: Pa
         pytest.param({"RETRYSAFE_STORE_URL": None}, {}, "RETRYSAFE_STORE_URL", id="no-store"),
         pytest.param({"RETRYSAFE_STORE_URL": ""}, {}, "is empty", id="empty-store-url"),
         pytest.param({"RETRYSAFE_STORE_URL": "mysql://x"}, {}, "unknown store URL", id="scheme"),
-        pytest.param({"RETRYSAFE_TTL": "abc"}, {}, "RETRYSAFE_TTL'] must be a number", id="type"),
-        pytest.param({"RETRYSAFE_REQUIRED": "yes"}, {}, "True or False", id="bool"),
-        pytest.param({"RETRYSAFE_TTL": -1}, {}, "ttl must be positive", id="value"),
-        pytest.param({"RETRYSAFE_TTLL": 60}, {}, "did you mean RETRYSAFE_TTL", id="typo"),
-        pytest.param({"RETRYSAFE_METHODS": 7}, {}, "a list of str", id="methods"),
-        pytest.param({"RETRYSAFE_RELEASE_STATUSES": "4xx"}, {}, "a list of int", id="statuses"),
-        pytest.param({"RETRYSAFE_ON_CONFLICT": "queue"}, {}, "on_conflict", id="literal"),
-        pytest.param({"RETRYSAFE_TRANSACTIONAL": True}, {}, "needs a SQL store", id="tx-memory"),
-        pytest.param({}, {"ttl": 0}, "ttl must be positive", id="keyword-value"),
+        pytest.param(
+            {"RETRYSAFE_TTL": "abc"}, {}, "RETRYSAFE_TTL in app.config: must be seconds", id="type"
+        ),
+        pytest.param({"RETRYSAFE_REQUIRED": "maybe"}, {}, "must be true or false", id="bool"),
+        pytest.param(
+            {"RETRYSAFE_TTL": -1}, {}, "RETRYSAFE_TTL in app.config: must be pos", id="value"
+        ),
+        pytest.param({"RETRYSAFE_TTLL": 60}, {}, "did you mean RETRYSAFE_TTL?", id="typo"),
+        pytest.param({"RETRYSAFE_METHODS": 7}, {}, "RETRYSAFE_METHODS in app.config", id="methods"),
+        pytest.param({"RETRYSAFE_RELEASE_STATUSES": "4xx"}, {}, "HTTP status codes", id="statuses"),
+        pytest.param({"RETRYSAFE_ON_CONFLICT": "queue"}, {}, "'reject' or 'wait'", id="literal"),
+        pytest.param(
+            {"RETRYSAFE_TRANSACTIONAL": True},
+            {},
+            "RETRYSAFE_TRANSACTIONAL in app.config: needs a SQL store",
+            id="tx-memory",
+        ),
+        pytest.param(
+            {"RETRYSAFE_STORE_URL": "nope://"}, {}, "RETRYSAFE_STORE_URL in app.config", id="url"
+        ),
     ],
 )
 def test_a_bad_setting_fails_at_init_app_with_a_message_naming_it(
@@ -534,9 +545,11 @@ def test_a_bad_setting_fails_at_init_app_with_a_message_naming_it(
     assert app.wsgi_app.__self__ is app  # type: ignore[attr-defined]  # not wrapped
 
 
-def test_unknown_keyword_options_and_double_set_up_are_configuration_errors() -> None:
-    with pytest.raises(ConfigurationError, match="unknown retrysafe option"):
+def test_unknown_or_bad_keyword_options_and_double_set_up_are_configuration_errors() -> None:
+    with pytest.raises(ConfigurationError, match=r"Idempotency\(ttl_seconds=...\): unknown option"):
         Idempotency(store="memory://", ttl_seconds=3)
+    with pytest.raises(ConfigurationError, match=r"Idempotency\(ttl=...\): must be positive"):
+        Idempotency(store="memory://", ttl=0)
     app = Flask("twice")
     Idempotency(app, store="memory://")
     with pytest.raises(ConfigurationError, match="already set up"):

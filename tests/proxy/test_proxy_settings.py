@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from retrysafe import ConfigurationError
+from retrysafe import ConfigurationError, IdempotencyConfig
 from retrysafe.cli import main
 from retrysafe.proxy import ProxySettings, RoutePolicy, header_scope_resolver, load_settings
 
@@ -31,11 +31,11 @@ def test_a_flag_beats_the_environment_which_beats_the_file(tmp_path: Path) -> No
         {"RETRYSAFE_TTL": "20", "RETRYSAFE_LEASE": "2", "RETRYSAFE_UPSTREAM": "http://env:2"},
         config,
     )
-    assert settings.ttl == 30.0  # flag
-    assert settings.lease == 2.0  # environment over file
+    assert settings.config.ttl == 30.0  # flag
+    assert settings.config.lease == 2.0  # environment over file
     assert settings.upstream == "http://env:2"
-    assert settings.methods == frozenset({"POST"})  # file over default
-    assert settings.max_body_size == 1024 * 1024  # default
+    assert settings.config.methods == frozenset({"POST"})  # file over default
+    assert settings.config.max_body_size == 1024 * 1024  # default (IdempotencyConfig's own)
 
 
 def test_routes_from_the_file_become_per_route_middleware_settings(tmp_path: Path) -> None:
@@ -47,7 +47,7 @@ def test_routes_from_the_file_become_per_route_middleware_settings(tmp_path: Pat
     settings = load_settings(BASE, {}, config)
     payments, hooks = settings.routes
     assert payments == RoutePolicy(
-        path="/payments", required=True, ttl=600.0, methods=frozenset({"POST", "PUT"})
+        path="/payments", options={"required": True, "ttl": 600, "methods": ["POST", "PUT"]}
     )
     route_config = settings.idempotency_config(payments)
     assert route_config.required and route_config.ttl == 600.0
@@ -63,9 +63,43 @@ def test_environment_booleans_and_lists_are_parsed() -> None:
     env = {"RETRYSAFE_TRUST_FORWARDED": "yes", "RETRYSAFE_METHODS": "post, patch,PUT"}
     settings = load_settings(BASE, env)
     assert settings.trust_forwarded is True
-    assert settings.methods == frozenset({"POST", "PATCH", "PUT"})
-    with pytest.raises(ConfigurationError, match="RETRYSAFE_REQUIRED"):
+    assert settings.config.methods == frozenset({"POST", "PATCH", "PUT"})
+    with pytest.raises(ConfigurationError, match="RETRYSAFE_REQUIRED in the environment: must be"):
         load_settings(BASE, {"RETRYSAFE_REQUIRED": "maybe"})
+
+
+def test_every_middleware_option_is_read_from_every_source_with_one_default(
+    tmp_path: Path,
+) -> None:
+    """The proxy holds an IdempotencyConfig: an option the proxy never listed (canonical_json,
+    replay_headers) is read from TOML, the environment and flags, and an option given nowhere
+    has IdempotencyConfig's default."""
+    config = write(tmp_path, 'canonical_json = true\nreplay_headers = ["Idempotent-Replayed"]\n')
+    settings = load_settings(
+        {**BASE, "retention_header": "Idempotency-Key-Expires"},
+        {"RETRYSAFE_CONFLICT_WAIT": "2m"},
+        config,
+    )
+    assert settings.config.canonical_json is True
+    assert settings.config.replay_headers == ("Idempotent-Replayed",)
+    assert settings.config.conflict_wait == 120.0
+    assert settings.config.retention_header == "Idempotency-Key-Expires"
+    assert settings.config == IdempotencyConfig(
+        canonical_json=True,
+        replay_headers=("Idempotent-Replayed",),
+        conflict_wait=120.0,
+        retention_header="Idempotency-Key-Expires",
+    )
+    middleware = settings.idempotency_config()
+    assert middleware.scope_resolver is not None  # principal_header's, not an option
+
+
+def test_a_route_ttl_shorter_than_the_lease_brings_the_lease_down(tmp_path: Path) -> None:
+    config = write(tmp_path, '[[routes]]\npath = "/a"\nttl = "1s"\n')
+    settings = load_settings(BASE, {}, config)
+    route = settings.idempotency_config(settings.routes[0])
+    assert (route.ttl, route.lease) == (1.0, 1.0)
+    assert settings.idempotency_config().lease == 30.0
 
 
 def test_principal_header_scopes_by_its_value_and_is_global_without_it() -> None:
@@ -96,7 +130,7 @@ def test_principal_header_scopes_by_its_value_and_is_global_without_it() -> None
         pytest.param(
             ["--upstream", "http://u:1", "--store", "memory://", "--ttl", "soon"],
             None,
-            "bad value for ttl",
+            "--ttl: must be seconds (30, 2.5) or a duration",
             id="ttl",
         ),
         pytest.param(
@@ -108,17 +142,31 @@ def test_principal_header_scopes_by_its_value_and_is_global_without_it() -> None
         pytest.param(
             ["--upstream", "http://u:1", "--store", "memory://", "--log-level", "loud"],
             None,
-            "log_level must be one of",
+            "--log-level: must be one of 'critical', 'error'",
             id="log-level",
         ),
         pytest.param([], "upstream = [", "not valid TOML", id="toml"),
-        pytest.param([], 'upstrem = "http://u:1"', "unknown option 'upstrem'", id="typo"),
-        pytest.param([], '[[routes]]\npath = "/a"\nreqired = true', "unknown route key", id="key"),
+        pytest.param(
+            [], 'upstrem = "http://u:1"', "unknown option (did you mean upstream?)", id="typo"
+        ),
+        pytest.param(
+            ["--upstream", "http://u:1", "--store", "memory://", "--requird"],
+            None,
+            "--requird: unknown option (did you mean --required?)",
+            id="flag-typo",
+        ),
+        pytest.param(
+            [],
+            '[[routes]]\npath = "/a"\nreqired = true',
+            "reqired of route '/a' in",
+            id="key",
+        ),
         pytest.param([], '[[routes]]\npath = "a"', "must start with '/'", id="path"),
         pytest.param(
             [],
-            'upstream = "http://u:1"\nstore = "memory://"\n[[routes]]\npath = "/a"\nttl = 1',
-            "route /a: lease must not be longer than ttl",
+            'upstream = "http://u:1"\nstore = "memory://"\n[[routes]]\npath = "/a"\nttl = 1\n'
+            "lease = 5",
+            "lease of route '/a' in",
             id="route-ttl",
         ),
     ],

@@ -166,4 +166,4 @@ def test_demo_lease_longer_than_ttl_names_the_flag_to_change(
     assert main(["demo", "--ttl", "2", "--lease", "30", "--port", str(free_port())]) == 2
     err = capsys.readouterr().err
     assert len(err.splitlines()) == 1
-    assert "--lease 2 or less" in err
+    assert "--lease: must not be longer than --ttl (2 s), got 30" in err

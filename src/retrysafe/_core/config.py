@@ -2,22 +2,45 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal
 
 from .errors import ConfigurationError
+from .options import (
+    Coerce,
+    ConfigSource,
+    Setting,
+    boolean,
+    choice,
+    count,
+    function,
+    header_list,
+    header_name,
+    header_set,
+    method_set,
+    optional,
+    read_options,
+    seconds,
+    status_set,
+    text,
+)
 from .request import Request
 
 __all__ = [
     "DEFAULT_RELEASE_STATUSES",
     "DEFAULT_REPLAY_HEADER_DENYLIST",
+    "OPTIONS",
+    "ROUTE_OPTIONS",
     "EventHook",
     "IdempotencyConfig",
     "RouteOptions",
     "ScopeResolver",
+    "check_store",
+    "coerce_fields",
+    "config_from",
     "front_config",
+    "front_store",
 ]
 
 #: Returns the principal a request acts for ("" for global), given the neutral request (the same
@@ -55,18 +78,70 @@ DEFAULT_REPLAY_HEADER_DENYLIST: frozenset[str] = frozenset(
 )
 
 
-#: An HTTP field name (RFC 9110 token).
-_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+#: How each option of :class:`IdempotencyConfig` is checked and read, from any source: the one
+#: coercion table (the constructor, :meth:`IdempotencyConfig.from_mapping` and every front use it).
+OPTIONS: dict[str, Coerce] = {
+    "methods": method_set,
+    "required": boolean,
+    "ttl": seconds,
+    "lease": seconds,
+    "max_body_size": count,
+    "max_stored_body_size": count,
+    "on_conflict": choice("reject", "wait"),
+    "conflict_wait": seconds,
+    "on_store_error": choice("fail_closed", "fail_open"),
+    "store_retry_after": count,
+    "canonical_json": boolean,
+    "release_statuses": status_set,
+    "store_server_errors": boolean,
+    "replay_header_denylist": header_set,
+    "replay_header_allowlist": optional(header_set),
+    "scope_resolver": optional(function),
+    "transactional": boolean,
+    "on_event": optional(function),
+    "problem_type_base": text,
+    "documentation_url": optional(text),
+    "detach_handler": choice("auto", "always", "never"),
+    "replay_headers": header_list,
+    "retention_header": optional(header_name),
+    "adaptive_retry_after": boolean,
+}
+
+#: The options of :class:`RouteOptions` (``None``: keep the app-wide setting).
+ROUTE_OPTIONS: dict[str, Coerce] = {
+    "enabled": boolean,
+    **{
+        name: optional(OPTIONS[name])
+        for name in (
+            "required",
+            "ttl",
+            "lease",
+            "on_conflict",
+            "canonical_json",
+            "scope_resolver",
+            "release_statuses",
+        )
+    },
+}
 
 
-def _positive(name: str, value: float | None) -> None:
-    if value is not None and not value > 0:
-        raise ConfigurationError(f"{name} must be positive, got {value!r}")
+def coerce_fields(instance: object, table: Mapping[str, Coerce]) -> None:
+    """Check (and convert, see :mod:`.options`) every field of a settings dataclass in place."""
+    owner = type(instance).__name__
+    for name, coerce in table.items():
+        value = getattr(instance, name)
+        try:
+            checked = coerce(value)
+        except ValueError as exc:
+            raise ConfigurationError(f"{owner}({name}=...): {exc}", option=name) from None
+        if checked is not value:
+            object.__setattr__(instance, name, checked)
 
 
-def _collection(name: str, value: object) -> None:
-    if isinstance(value, str | bytes) or not hasattr(value, "__iter__"):
-        raise ConfigurationError(f"{name} must be a set of values, got {value!r}")
+def _lease_problem(lease: float, ttl: float, ttl_at: str = "ttl") -> str | None:
+    if lease > ttl:
+        return f"must not be longer than {ttl_at} ({ttl:g} s), got {lease:g}"
+    return None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -160,50 +235,13 @@ class IdempotencyConfig:
     )
 
     def __post_init__(self) -> None:
-        # A bare string is iterable, so methods="POST" would silently protect {"P", "O", ...}.
-        for name in ("methods", "release_statuses", "replay_header_denylist"):
-            _collection(name, getattr(self, name))
-        if self.replay_header_allowlist is not None:
-            _collection("replay_header_allowlist", self.replay_header_allowlist)
-        object.__setattr__(self, "methods", frozenset(m.upper() for m in self.methods))
-        if not self.methods:
-            raise ConfigurationError("methods must name at least one HTTP method")
-        for name in ("ttl", "lease", "conflict_wait"):
-            _positive(name, getattr(self, name))
-        if self.lease > self.ttl:
-            raise ConfigurationError("lease must not be longer than ttl")
-        for name in ("max_body_size", "max_stored_body_size", "store_retry_after"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 0:
-                raise ConfigurationError(f"{name} must be a non-negative integer, got {value!r}")
-        if self.on_conflict not in ("reject", "wait"):
-            raise ConfigurationError("on_conflict must be 'reject' or 'wait'")
-        if self.on_store_error not in ("fail_closed", "fail_open"):
-            raise ConfigurationError("on_store_error must be 'fail_closed' or 'fail_open'")
-        if any(not 100 <= s <= 599 for s in self.release_statuses):
-            raise ConfigurationError("release_statuses must be HTTP status codes")
-        object.__setattr__(
-            self,
-            "replay_header_denylist",
-            frozenset(h.lower() for h in self.replay_header_denylist),
-        )
-        if self.replay_header_allowlist is not None:
-            object.__setattr__(
-                self,
-                "replay_header_allowlist",
-                frozenset(h.lower() for h in self.replay_header_allowlist),
+        coerce_fields(self, OPTIONS)
+        problem = _lease_problem(self.lease, self.ttl)
+        if problem is not None:
+            raise ConfigurationError(
+                f"IdempotencyConfig(lease=...): {problem} (pass lease={self.ttl:g} or less)",
+                option="lease",
             )
-        if self.scope_resolver is not None and not callable(self.scope_resolver):
-            raise ConfigurationError("scope_resolver must be callable")
-        if self.on_event is not None and not callable(self.on_event):
-            raise ConfigurationError("on_event must be callable")
-        if self.detach_handler not in ("auto", "always", "never"):
-            raise ConfigurationError("detach_handler must be 'auto', 'always' or 'never'")
-        _collection("replay_headers", self.replay_headers)
-        object.__setattr__(self, "replay_headers", tuple(self.replay_headers))
-        for name in (*self.replay_headers, self.retention_header or "x"):
-            if not isinstance(name, str) or not _TOKEN.fullmatch(name):
-                raise ConfigurationError(f"not an HTTP header name: {name!r}")
         object.__setattr__(
             self,
             "_replayed_raw",
@@ -226,7 +264,11 @@ class IdempotencyConfig:
         return status not in self.release_statuses
 
     def with_route(self, options: RouteOptions | None) -> IdempotencyConfig:
-        """Return these settings with a route's overrides applied."""
+        """Return these settings with a route's overrides applied.
+
+        A route that shortens ``ttl`` below the app's lease (and sets no lease) gets a lease of
+        its ``ttl``: the merge never fails, it runs on the first request of the route.
+        """
         if options is None:
             return self
         changes = {
@@ -234,17 +276,84 @@ class IdempotencyConfig:
             for f in fields(options)
             if f.name != "enabled" and getattr(options, f.name) is not None
         }
+        _lease_follows_ttl(changes, self.lease)
         return replace(self, **changes) if changes else self
+
+    @classmethod
+    def from_mapping(
+        cls,
+        mapping: Mapping[str, Any],
+        *,
+        source: str | ConfigSource = "IdempotencyConfig.from_mapping()",
+        base: IdempotencyConfig | None = None,
+    ) -> IdempotencyConfig:
+        """Settings from a mapping of raw values: keyword arguments, ``app.config``, Django
+        settings, TOML, environment variables, command-line flags.
+
+        Each value is checked and converted by its option's entry in :data:`OPTIONS`: seconds
+        from numbers or text (``30``, ``"30"``, ``"30s"``, ``"15m"``, ``"2h"``, ``"1d"``), lists
+        and sets from lists or comma-separated text (``"POST, PATCH"``), booleans from
+        ``true/false/1/0/yes/no/on/off``, functions from their dotted path
+        (``"pkg.module:name"``), choices checked. When ``ttl`` is given shorter than the lease
+        and ``lease`` is not, the lease follows it.
+
+        Args:
+            mapping: option name (as written at the source) -> raw value.
+            source: where the mapping comes from: a name (``"proxy.toml"``: messages say
+                ``ttl in proxy.toml``) or a :class:`~retrysafe._core.options.ConfigSource`
+                that also says how keys are spelt there (``RETRYSAFE_TTL``, ``--ttl``).
+            base: settings the mapping overrides (default: the defaults).
+
+        Returns:
+            The checked settings.
+
+        Raises:
+            ConfigurationError: an unknown option (with "did you mean"), a value of the wrong
+                type or out of range; the message names the option as written and its source.
+        """
+        return config_from(read_options(mapping, source, OPTIONS), base)
+
+
+def _lease_follows_ttl(changes: dict[str, Any], lease: float) -> None:
+    """A ``ttl`` shorter than the lease in force, given without a lease, brings the lease down
+    to it (a reservation never outlives its record)."""
+    ttl = changes.get("ttl")
+    if ttl is not None and changes.get("lease") is None and lease > ttl:
+        changes["lease"] = ttl
+
+
+def config_from(
+    settings: Mapping[str, Setting], base: IdempotencyConfig | None = None
+) -> IdempotencyConfig:
+    """Build :class:`IdempotencyConfig` from options read by
+    :func:`~retrysafe._core.options.read_options` (from one source or several merged).
+
+    Raises:
+        ConfigurationError: ``lease`` longer than ``ttl``, naming both as written.
+    """
+    base = base if base is not None else _DEFAULTS
+    values = {name: setting.value for name, setting in settings.items()}
+    _lease_follows_ttl(values, base.lease)
+    ttl_at = settings["ttl"].at if "ttl" in settings else "ttl"
+    problem = _lease_problem(values.get("lease", base.lease), values.get("ttl", base.ttl), ttl_at)
+    if problem is not None:
+        named = settings["lease"] if "lease" in settings else settings["ttl"]
+        raise ConfigurationError(f"{named.at}: {problem}", option=named.key)
+    return replace(base, **values) if values else base
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class RouteOptions:
     """Per-route overrides; ``None`` keeps the app-wide setting.
 
+    Values are checked and converted as :data:`ROUTE_OPTIONS` says (the coercions of
+    :class:`IdempotencyConfig`).
+
     Attributes:
         enabled: ``False`` opts the route out of idempotency handling.
         required: a key is required on this route.
-        ttl: retention of this route's records, in seconds.
+        ttl: retention of this route's records, in seconds (the lease follows it when shorter
+            and the route sets none).
         lease: lease of this route's reservations, in seconds.
         on_conflict: ``"reject"`` or ``"wait"``.
         canonical_json: fingerprint JSON bodies in canonical form.
@@ -262,31 +371,102 @@ class RouteOptions:
     release_statuses: frozenset[int] | None = None
 
     def __post_init__(self) -> None:
-        _positive("ttl", self.ttl)
-        _positive("lease", self.lease)
-        if self.on_conflict not in (None, "reject", "wait"):
-            raise ConfigurationError("on_conflict must be 'reject' or 'wait'")
+        coerce_fields(self, ROUTE_OPTIONS)
+        if self.lease is not None and self.ttl is not None:
+            problem = _lease_problem(self.lease, self.ttl)
+            if problem is not None:
+                raise ConfigurationError(f"RouteOptions(lease=...): {problem}", option="lease")
+
+    @classmethod
+    def from_mapping(
+        cls, mapping: Mapping[str, Any], *, source: str | ConfigSource = "RouteOptions"
+    ) -> RouteOptions:
+        """Route options from raw values, read as :meth:`IdempotencyConfig.from_mapping`
+        reads them.
+
+        Raises:
+            ConfigurationError: an unknown option or a bad value, named as written and where.
+        """
+        settings = read_options(mapping, source, ROUTE_OPTIONS)
+        values = {name: setting.value for name, setting in settings.items()}
+        if values.get("lease") is not None and values.get("ttl") is not None:
+            problem = _lease_problem(values["lease"], values["ttl"], settings["ttl"].at)
+            if problem is not None:
+                lease = settings["lease"]
+                raise ConfigurationError(f"{lease.at}: {problem}", option=lease.key)
+        return cls(**values)
+
+
+_DEFAULTS = IdempotencyConfig()
+
+
+_MIDDLEWARE = ConfigSource.keywords("IdempotencyMiddleware")
+
+
+def front_store(
+    resolve: Callable[[Any], Any],
+    store: Any,
+    source: str | ConfigSource = _MIDDLEWARE,
+    key: str | None = None,
+) -> Any:
+    """``resolve(store)`` (a store registry's resolver), its errors naming the store option.
+
+    Args:
+        resolve: e.g. :func:`~retrysafe.stores.resolve_async_store`.
+        store: a store URL or object.
+        source: where it was given (default: the middleware's keyword arguments).
+        key: how the store option is written there (default: ``store`` as the source spells
+            it).
+
+    Raises:
+        ConfigurationError: an unknown scheme, a missing extra, a bad URL.
+    """
+    where = ConfigSource.named(source)
+    try:
+        return resolve(store)
+    except (ConfigurationError, ValueError) as exc:  # ValueError: a driver's own URL parsing
+        raise where.error(key or where.key("store"), str(exc)) from exc
+
+
+def check_store(config: IdempotencyConfig, store: object, at: str = "transactional=True") -> None:
+    """Check the settings against the store they run on.
+
+    Raises:
+        ConfigurationError: transactional mode without a SQL store (one with ``begin``).
+    """
+    if config.transactional and not callable(getattr(store, "begin", None)):
+        raise ConfigurationError(
+            f"{at}: needs a SQL store (SQLite or PostgreSQL), not {type(store).__name__}"
+        )
 
 
 def front_config(
-    config: IdempotencyConfig | None, options: Mapping[str, Any], store: object
+    config: IdempotencyConfig | None,
+    options: Mapping[str, Any],
+    store: object,
+    source: str | ConfigSource = _MIDDLEWARE,
 ) -> IdempotencyConfig:
     """The settings a front (middleware, extension) was given, checked against its store.
 
     Args:
         config: ``config=``, or ``None``.
-        options: the keyword options (fields of :class:`IdempotencyConfig`).
+        options: the keyword options (fields of :class:`IdempotencyConfig`), read by
+            :meth:`IdempotencyConfig.from_mapping`.
         store: the resolved store.
+        source: where the options come from, for messages (``IdempotencyMiddleware(ttl=...)``).
 
     Raises:
         ConfigurationError: both or bad settings, or transactional mode without a SQL store.
     """
     if config is not None and options:
         raise ConfigurationError("pass either config= or keyword options, not both")
-    resolved = config if config is not None else IdempotencyConfig(**options)
-    if resolved.transactional and not callable(getattr(store, "begin", None)):
-        raise ConfigurationError(
-            f"transactional=True needs a SQL store (SQLite or PostgreSQL), not "
-            f"{type(store).__name__}"
-        )
+    if config is not None and not isinstance(config, IdempotencyConfig):
+        raise ConfigurationError(f"config= must be an IdempotencyConfig, got {config!r}")
+    if config is not None:
+        check_store(config, store)
+        return config
+    settings = read_options(options, source, OPTIONS)
+    resolved = config_from(settings)
+    given = settings.get("transactional")
+    check_store(resolved, store, given.at if given else "transactional=True")
     return resolved

@@ -27,7 +27,17 @@ class IdempotencyError(Exception):
 
 
 class ConfigurationError(IdempotencyError):
-    """Settings are invalid; raised at start-up, never per request."""
+    """Settings are invalid; raised at start-up, never per request.
+
+    Args:
+        message: what is wrong, naming the setting as the user wrote it and where.
+        option: that setting as written at its source (``"ttl"``, ``"RETRYSAFE_TTL"``,
+            ``"--ttl"``), when one setting is at fault.
+    """
+
+    def __init__(self, message: str, *, option: str | None = None) -> None:
+        super().__init__(message)
+        self.option = option
 
 
 class InvalidKeyError(IdempotencyError):

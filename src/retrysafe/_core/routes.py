@@ -8,12 +8,14 @@ map, Django through the resolved view) and merges its options here.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypedDict, TypeVar, Unpack
 
 from .config import IdempotencyConfig, RouteOptions, ScopeResolver
+from .options import ConfigSource
 
 __all__ = [
     "ROUTE_OPTIONS_ATTR",
+    "RouteKeywords",
     "idempotent",
     "route_config",
     "route_options",
@@ -23,18 +25,23 @@ ROUTE_OPTIONS_ATTR = "__retrysafe_options__"
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+_DECORATOR = ConfigSource.keywords("@idempotent")
 
-def idempotent(
-    *,
-    enabled: bool = True,
-    required: bool | None = None,
-    ttl: float | None = None,
-    lease: float | None = None,
-    on_conflict: Literal["reject", "wait"] | None = None,
-    canonical_json: bool | None = None,
-    scope_resolver: ScopeResolver | None = None,
-    release_statuses: frozenset[int] | None = None,
-) -> Callable[[F], F]:
+
+class RouteKeywords(TypedDict, total=False):
+    """The keyword options of :func:`idempotent`: the fields of :class:`RouteOptions`."""
+
+    enabled: bool
+    required: bool | None
+    ttl: float | None
+    lease: float | None
+    on_conflict: Literal["reject", "wait"] | None
+    canonical_json: bool | None
+    scope_resolver: ScopeResolver | None
+    release_statuses: frozenset[int] | None
+
+
+def idempotent(**options: Unpack[RouteKeywords]) -> Callable[[F], F]:
     """Mark an endpoint with per-route idempotency settings (see :class:`RouteOptions`).
 
     Example::
@@ -43,22 +50,22 @@ def idempotent(
         @idempotent(required=True, ttl=3600)
         async def pay(...): ...
 
+    Args:
+        **options: fields of :class:`RouteOptions`, checked as every front's options are;
+            ``None`` keeps the app-wide setting.
+
     Returns:
         A decorator that returns the endpoint unchanged, only marked.
+
+    Raises:
+        ConfigurationError: an unknown option (with "did you mean") or a bad value, naming it
+            (``@idempotent(ttl=...): must be positive``), where the decorator is applied.
     """
-    options = RouteOptions(
-        enabled=enabled,
-        required=required,
-        ttl=ttl,
-        lease=lease,
-        on_conflict=on_conflict,
-        canonical_json=canonical_json,
-        scope_resolver=scope_resolver,
-        release_statuses=release_statuses,
-    )
+    given = {name: value for name, value in options.items() if value is not None}
+    marks = RouteOptions.from_mapping(given, source=_DECORATOR)
 
     def mark(endpoint: F) -> F:
-        setattr(endpoint, ROUTE_OPTIONS_ATTR, options)
+        setattr(endpoint, ROUTE_OPTIONS_ATTR, marks)
         return endpoint
 
     return mark

@@ -23,13 +23,13 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from .._core.config import IdempotencyConfig
-from .._core.errors import ConfigurationError
+from .._core.config import IdempotencyConfig, front_config, front_store
+from .._core.options import ConfigSource
 from .._core.problems import PROBLEMS
 from .._core.routes import ROUTE_OPTIONS_ATTR, idempotent
 from .._core.transaction import transaction
 from ..asgi import IdempotencyMiddleware
-from ..stores import AsyncStore, Store
+from ..stores import AsyncStore, Store, resolve_async_store
 
 try:
     from fastapi import Depends, FastAPI, Request
@@ -44,6 +44,8 @@ __all__ = [
     "install",
     "transaction_connection",
 ]
+
+_KEYWORDS = ConfigSource.keywords("install")
 
 
 async def transaction_connection(request: Request) -> Any:
@@ -65,17 +67,23 @@ def install(
 ) -> None:
     """Protect a FastAPI app and document the header in its OpenAPI schema.
 
+    The store and the settings are checked here, at once (FastAPI builds its middleware stack
+    only when it first runs, too late for a clear error).
+
     Args:
         app: the FastAPI application.
         store: a store URL or instance.
         config: settings, or pass :class:`~retrysafe.IdempotencyConfig` fields as keywords.
         **options: fields of :class:`~retrysafe.IdempotencyConfig`.
+
+    Raises:
+        ConfigurationError: a bad store URL, a missing extra, an unknown option or a bad value,
+            naming it (``install(ttl=...): must be positive``).
     """
-    if config is not None and options:
-        raise ConfigurationError("pass either config= or keyword options, not both")
-    settings = config if config is not None else IdempotencyConfig(**options)
+    resolved = front_store(resolve_async_store, store, _KEYWORDS)
+    settings = front_config(config, options, resolved, _KEYWORDS)
     # mypy cannot match a constructor with **options against Starlette's ParamSpec factory.
-    app.add_middleware(IdempotencyMiddleware, store=store, config=settings)  # type: ignore[arg-type]
+    app.add_middleware(IdempotencyMiddleware, store=resolved, config=settings)  # type: ignore[arg-type]
     original = app.openapi
 
     def openapi() -> dict[str, Any]:

@@ -24,16 +24,23 @@ an error per request.
 
 from __future__ import annotations
 
-import difflib
 import sys
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, fields
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from .. import cli as _cli
 from .. import wsgi as _wsgi
-from .._core.config import IdempotencyConfig, RouteOptions, front_config
+from .._core.config import (
+    OPTIONS,
+    IdempotencyConfig,
+    RouteOptions,
+    check_store,
+    config_from,
+    front_store,
+)
 from .._core.errors import ConfigurationError
+from .._core.options import ConfigSource, read_options
 from .._core.routes import idempotent, route_options
 from ..stores import Store, resolve_store
 
@@ -60,15 +67,14 @@ CONFIG_PREFIX = "RETRYSAFE_"
 _STORE_KEY = CONFIG_PREFIX + "STORE_URL"
 _EXTENSION = "retrysafe"
 
-# The IdempotencyConfig fields a Flask config can set, by their annotation (the module uses
-# postponed annotations, so these are the source strings). Anything else passes unchecked to
-# IdempotencyConfig, which validates it.
-_FIELDS: dict[str, str] = {f.name: str(f.type) for f in fields(IdempotencyConfig) if f.init}
+#: ``RETRYSAFE_TTL`` and the like, in ``app.config``.
+_CONFIG = ConfigSource(where="{key} in app.config", prefix=CONFIG_PREFIX, upper=True)
+_KEYWORDS = ConfigSource.keywords("Idempotency")
 
 
 def config_keys() -> list[str]:
     """The ``app.config`` keys the extension reads, ``RETRYSAFE_STORE_URL`` first."""
-    return [_STORE_KEY, *(CONFIG_PREFIX + name.upper() for name in _FIELDS)]
+    return [_STORE_KEY, *(_CONFIG.key(name) for name in OPTIONS)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +99,8 @@ class Idempotency:
             setting in ``app.config``.
 
     Raises:
-        ConfigurationError: (from :meth:`init_app`) no store, or a bad store or setting.
+        ConfigurationError: an unknown option (with "did you mean") or a bad value; from
+            :meth:`init_app`: no store, a bad store or ``app.config`` setting.
     """
 
     def __init__(
@@ -104,12 +111,11 @@ class Idempotency:
         config: IdempotencyConfig | None = None,
         **options: Any,
     ) -> None:
-        unknown = sorted(set(options) - set(_FIELDS))
-        if unknown:
-            raise ConfigurationError(f"unknown retrysafe option(s): {', '.join(unknown)}")
+        if config is not None and options:
+            raise ConfigurationError("pass either config= or keyword options, not both")
         self.store = store
         self.config = config
-        self.options = options
+        self.options = read_options(options, _KEYWORDS, OPTIONS)  # checked here, at once
         if app is not None:
             self.init_app(app)
 
@@ -125,7 +131,15 @@ class Idempotency:
         """
         if _EXTENSION in app.extensions:
             raise ConfigurationError(f"retrysafe is already set up on the Flask app {app.name!r}")
-        from_app = _options_from_config(app.config)
+        from_app = read_options(
+            {
+                key: value
+                for key, value in app.config.items()
+                if key.startswith(CONFIG_PREFIX) and key != _STORE_KEY
+            },
+            _CONFIG,
+            OPTIONS,
+        )
         store = self.store if self.store is not None else app.config.get(_STORE_KEY)
         if store is None:
             raise ConfigurationError(
@@ -133,17 +147,18 @@ class Idempotency:
                 f"Idempotency(store=URL) or set app.config[{_STORE_KEY!r}]"
             )
         if isinstance(store, str) and not store:
-            raise ConfigurationError(f"{_STORE_KEY} is empty")
+            raise _CONFIG.error(_STORE_KEY, "is empty")
         if self.config is not None and from_app:
-            keys = ", ".join(CONFIG_PREFIX + name.upper() for name in sorted(from_app))
+            keys = ", ".join(setting.key for setting in from_app.values())
             raise ConfigurationError(f"Idempotency(config=...) is given, so remove {keys}")
-        try:
-            resolved = resolve_store(store)
-            config = front_config(self.config, {**from_app, **self.options}, resolved)
-        except ConfigurationError as exc:
-            raise ConfigurationError(
-                f"retrysafe settings of Flask app {app.name!r}: {exc}"
-            ) from exc
+        if self.store is not None:
+            resolved = front_store(resolve_store, store, _KEYWORDS)
+        else:
+            resolved = front_store(resolve_store, store, _CONFIG, _STORE_KEY)
+        merged = {**from_app, **self.options}  # keyword options win over app.config
+        config = self.config if self.config is not None else config_from(merged)
+        given = merged.get("transactional")
+        check_store(config, resolved, given.at if given else "transactional=True")
         middleware = _wsgi.IdempotencyMiddleware(
             app.wsgi_app, store=resolved, config=config, route_options=_view_options(app)
         )
@@ -165,68 +180,6 @@ class Idempotency:
         if not isinstance(state, _AppState):
             raise ConfigurationError(f"retrysafe is not set up on the Flask app {app.name!r}")
         return state
-
-
-def _check_value(key: str, annotation: str, value: Any) -> Any:
-    """Check (and where unambiguous, convert) one ``app.config`` value for its field."""
-    if value is None and annotation.endswith("| None"):
-        return None
-    base = annotation.removesuffix(" | None")
-
-    def wrong(expected: str) -> ConfigurationError:
-        return ConfigurationError(f"app.config[{key!r}] must be {expected}, got {value!r}")
-
-    if base == "bool":
-        if not isinstance(value, bool):
-            raise wrong("True or False")
-    elif base == "float":
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise wrong("a number")
-    elif base == "int":
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise wrong("an integer")
-    elif base == "str":
-        if not isinstance(value, str):
-            raise wrong("a string")
-    elif base.startswith("frozenset["):
-        item = int if base == "frozenset[int]" else str
-        if isinstance(value, str):
-            # From the environment (``from_prefixed_env``): a comma-separated list.
-            parts = [p.strip() for p in value.split(",") if p.strip()]
-            try:
-                value = frozenset(item(p) for p in parts)
-            except ValueError:
-                raise wrong(f"a list of {item.__name__}") from None
-        elif isinstance(value, list | tuple | set | frozenset):
-            if not all(isinstance(v, item) and not isinstance(v, bool) for v in value):
-                raise wrong(f"a list of {item.__name__}")
-            value = frozenset(value)
-        else:
-            raise wrong(f"a list of {item.__name__}")
-    elif base == "tuple[str, ...]":  # ordered (replay_headers)
-        if isinstance(value, str):
-            value = tuple(p.strip() for p in value.split(",") if p.strip())
-        elif isinstance(value, list | tuple) and all(isinstance(v, str) for v in value):
-            value = tuple(value)
-        else:
-            raise wrong("a list of str")
-    return value
-
-
-def _options_from_config(config: Mapping[str, Any]) -> dict[str, Any]:
-    """The ``RETRYSAFE_*`` settings of an ``app.config``, checked, as config field values."""
-    known = set(config_keys())
-    found: dict[str, Any] = {}
-    for key, value in config.items():
-        if not key.startswith(CONFIG_PREFIX) or key == _STORE_KEY:
-            continue
-        if key not in known:
-            close = difflib.get_close_matches(key, sorted(known), n=1)
-            hint = f" (did you mean {close[0]}?)" if close else ""
-            raise ConfigurationError(f"unknown setting app.config[{key!r}]{hint}")
-        name = key.removeprefix(CONFIG_PREFIX).lower()
-        found[name] = _check_value(key, _FIELDS[name], value)
-    return found
 
 
 def _view_options(app: Flask) -> Callable[[dict[str, Any]], RouteOptions | None]:

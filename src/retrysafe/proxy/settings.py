@@ -1,16 +1,28 @@
-"""The proxy's settings: the options, the per-route policies, how a request is scoped."""
+"""The proxy's settings: its own options, the middleware's (an :class:`IdempotencyConfig`), the
+per-route policies, and how a request is scoped."""
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from .._core.config import IdempotencyConfig, ScopeResolver
+from .._core.config import OPTIONS, IdempotencyConfig, ScopeResolver, coerce_fields
 from .._core.errors import ConfigurationError
+from .._core.options import (
+    Coerce,
+    boolean,
+    choice,
+    count,
+    header_name,
+    read_options,
+    seconds,
+    text,
+)
 from .._core.scope import authorization_scope
 
 Scope = MutableMapping[str, Any]
@@ -20,32 +32,56 @@ Send = Callable[[Any], Awaitable[None]]
 
 _LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 
+#: The proxy's own options (the rest are :class:`IdempotencyConfig`'s, see
+#: :data:`CONFIG_OPTIONS`), checked and read as every option is.
+PROXY_OPTIONS: dict[str, Coerce] = {
+    "upstream": text,
+    "store": text,
+    "listen": text,
+    "workers": count,
+    "log_level": choice(*_LOG_LEVELS),
+    "on_ambiguous": choice("unknown", "release"),
+    "principal_header": header_name,
+    "trust_forwarded": boolean,
+    "connect_timeout": seconds,
+    "upstream_timeout": seconds,
+    "max_connections": count,
+}
+
+#: The middleware options the proxy takes: all of :class:`IdempotencyConfig`'s but
+#: ``scope_resolver`` (``principal_header`` sets it) and ``transactional`` (the proxy writes to no
+#: database of its own).
+CONFIG_OPTIONS: dict[str, Coerce] = {
+    name: coerce
+    for name, coerce in OPTIONS.items()
+    if name not in ("scope_resolver", "transactional")
+}
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class RoutePolicy:
-    """Idempotency policy of the paths one rule matches; ``None`` keeps the proxy-wide setting.
+    """Idempotency policy of the paths one rule matches.
 
     Attributes:
         path: an exact path (``/payments``) or a prefix ending in ``*`` (``/orders/*``).
         enabled: ``False`` forwards these paths without any idempotency handling.
-        methods: the protected methods on these paths.
-        required: a protected request without a key gets ``400``.
-        ttl: retention of these paths' records, in seconds.
-        lease: lease of these paths' reservations, in seconds.
+        options: :class:`IdempotencyConfig` options that differ on these paths (``required``,
+            ``ttl``, ``methods``...), over the proxy-wide ones.
     """
 
     path: str
     enabled: bool = True
-    methods: frozenset[str] | None = None
-    required: bool | None = None
-    ttl: float | None = None
-    lease: float | None = None
+    options: Mapping[str, Any] = field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.path, str) or not self.path.startswith("/"):
             raise ConfigurationError(f"route path must start with '/', got {self.path!r}")
         if "*" in self.path[:-1]:
             raise ConfigurationError(f"route path may only end in '*', got {self.path!r}")
+        coerce_fields(self, {"enabled": boolean})
+        source = f"route {self.path}"
+        read = read_options(self.options, source, CONFIG_OPTIONS)
+        object.__setattr__(self, "options", {name: s.value for name, s in read.items()})
 
     def matches(self, path: str) -> bool:
         """Return whether a request path falls under this rule."""
@@ -56,22 +92,18 @@ class RoutePolicy:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ProxySettings:
-    """Everything ``retrysafe proxy`` is configured with (see :data:`OPTIONS` for the sources).
+    """Everything ``retrysafe proxy`` is configured with (see
+    :func:`~retrysafe.proxy.load_settings` for the sources).
 
     Attributes:
         upstream: base URL of the backend (``http://127.0.0.1:9000``, optionally with a path).
         store: the store URL.
+        config: the middleware's settings (``methods``, ``required``, ``ttl``, ``lease``,
+            ``max_body_size``...: every :class:`IdempotencyConfig` option but
+            ``scope_resolver``, which ``principal_header`` sets, and ``transactional``).
         listen: ``HOST:PORT`` the proxy serves on.
         workers: uvicorn worker processes.
         log_level: uvicorn's log level.
-        methods: protected methods.
-        required: a protected request without a key gets ``400``.
-        ttl: retention of completed records, seconds.
-        lease: lease of reservations, seconds.
-        max_body_size: keyed request bodies above this get ``413`` (and are never forwarded).
-        max_stored_body_size: larger responses stream through but are not stored.
-        on_conflict: ``"reject"`` (409) or ``"wait"`` for the first request of a key.
-        store_server_errors: store upstream 5xx answers too (default: released).
         on_ambiguous: ``"unknown"``: a request sent without an answer is never forwarded again
             (409 outcome-unknown); ``"release"``: free the key (for idempotent upstreams).
         principal_header: the request header whose value scopes keys (a hash of it).
@@ -85,17 +117,10 @@ class ProxySettings:
 
     upstream: str
     store: str
+    config: IdempotencyConfig = field(default_factory=IdempotencyConfig)
     listen: str = "127.0.0.1:8080"
     workers: int = 1
     log_level: str = "info"
-    methods: frozenset[str] = frozenset({"POST", "PATCH"})
-    required: bool = False
-    ttl: float = 24 * 3600.0
-    lease: float = 30.0
-    max_body_size: int = 1024 * 1024
-    max_stored_body_size: int = 1024 * 1024
-    on_conflict: Literal["reject", "wait"] = "reject"
-    store_server_errors: bool = False
     on_ambiguous: Literal["unknown", "release"] = "unknown"
     principal_header: str = "authorization"
     trust_forwarded: bool = False
@@ -105,6 +130,9 @@ class ProxySettings:
     routes: tuple[RoutePolicy, ...] = field(default=())
 
     def __post_init__(self) -> None:
+        coerce_fields(self, PROXY_OPTIONS)
+        if not isinstance(self.config, IdempotencyConfig):
+            raise ConfigurationError(f"config must be an IdempotencyConfig, got {self.config!r}")
         parts = urlsplit(self.upstream)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ConfigurationError(
@@ -121,20 +149,10 @@ class ProxySettings:
                 "memory:// lives in one process: with several workers use a shared store "
                 "(sqlite:///path.db, postgresql://..., redis://...)"
             )
-        if self.log_level not in _LOG_LEVELS:
-            raise ConfigurationError(
-                f"log_level must be one of {', '.join(_LOG_LEVELS)}, got {self.log_level!r}"
-            )
-        if self.on_ambiguous not in ("unknown", "release"):
-            raise ConfigurationError("on_ambiguous must be 'unknown' or 'release'")
-        if not self.principal_header or not self.principal_header.isascii():
-            raise ConfigurationError(f"bad principal header name {self.principal_header!r}")
         object.__setattr__(self, "principal_header", self.principal_header.lower())
-        for name in ("connect_timeout", "upstream_timeout"):
-            if not getattr(self, name) > 0:
-                raise ConfigurationError(f"{name} must be positive")
         if self.max_connections < 1:
             raise ConfigurationError("max_connections must be at least 1")
+        object.__setattr__(self, "routes", tuple(self.routes))
         # The middleware's own checks, at start-up, for the proxy and every route.
         for route in (None, *self.routes):
             self.idempotency_config(route)
@@ -149,111 +167,64 @@ class ProxySettings:
 
     def idempotency_config(self, route: RoutePolicy | None = None) -> IdempotencyConfig:
         """Return the middleware settings of the proxy, or of one route."""
-        config = IdempotencyConfig(
-            methods=self.methods,
-            required=self.required,
-            ttl=self.ttl,
-            lease=self.lease,
-            max_body_size=self.max_body_size,
-            max_stored_body_size=self.max_stored_body_size,
-            on_conflict=self.on_conflict,
-            store_server_errors=self.store_server_errors,
-            scope_resolver=header_scope_resolver(self.principal_header),
+        config = dataclasses.replace(
+            self.config, scope_resolver=header_scope_resolver(self.principal_header)
         )
-        if route is None:
+        if route is None or not route.options:
             return config
-        changes: dict[str, Any] = {
-            name: getattr(route, name)
-            for name in ("methods", "required", "ttl", "lease")
-            if getattr(route, name) is not None
-        }
-        try:
-            return dataclasses.replace(config, **changes) if changes else config
-        except ConfigurationError as exc:
-            raise ConfigurationError(f"route {route.path}: {exc}") from exc
+        return IdempotencyConfig.from_mapping(
+            route.options, source=f"route {route.path}", base=config
+        )
 
     def to_json(self) -> str:
-        """Serialize (for the worker processes, which rebuild the settings from it)."""
+        """Serialize (for the worker processes, which rebuild the settings from it).
 
-        def plain(value: Any) -> Any:
-            if isinstance(value, frozenset):
-                return sorted(value)
-            if isinstance(value, tuple):
-                return [plain(v) for v in value]
-            if isinstance(value, RoutePolicy):
-                return {
-                    f.name: plain(getattr(value, f.name))
-                    for f in dataclasses.fields(value)
-                    if getattr(value, f.name) is not None
-                }
-            return value
-
-        return json.dumps({f.name: plain(getattr(self, f.name)) for f in dataclasses.fields(self)})
+        Raises:
+            ConfigurationError: a function option (``on_event``) that another process cannot
+                import by its name.
+        """
+        data: dict[str, Any] = {name: getattr(self, name) for name in PROXY_OPTIONS}
+        data["config"] = {name: _plain(name, getattr(self.config, name)) for name in CONFIG_OPTIONS}
+        data["routes"] = [
+            {
+                "path": route.path,
+                "enabled": route.enabled,
+                "options": {name: _plain(name, value) for name, value in route.options.items()},
+            }
+            for route in self.routes
+        ]
+        return json.dumps(data)
 
     @classmethod
     def from_json(cls, text: str) -> ProxySettings:
         """Rebuild settings written by :meth:`to_json`."""
         data = json.loads(text)
-        data["methods"] = frozenset(data["methods"])
-        data["routes"] = tuple(_route(r, "settings") for r in data["routes"])
-        return cls(**data)
+        config = IdempotencyConfig.from_mapping(data.pop("config"), source="the proxy's settings")
+        routes = tuple(RoutePolicy(**route) for route in data.pop("routes"))
+        return cls(**data, config=config, routes=routes)
 
 
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off"}
-_ROUTE_KEYS = {"path", "enabled", "methods", "required", "ttl", "lease"}
-
-
-def _convert(name: str, kind: str, value: Any, source: str) -> Any:
-    """Turn a flag, variable or TOML value into the option's type (bad values: one clear line)."""
-    try:
-        if kind == "str":
-            if not isinstance(value, str):
-                raise TypeError
-            return value
-        if kind == "int":
-            if isinstance(value, bool) or not isinstance(value, int | str):
-                raise TypeError
-            return int(value)
-        if kind == "float":
-            if isinstance(value, bool) or not isinstance(value, int | float | str):
-                raise TypeError
-            return float(value)
-        if kind == "bool":
-            if isinstance(value, bool):
-                return value
-            if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
-                return value.strip().lower() in _TRUE
-            raise TypeError
-        if kind == "methods":
-            items = value.split(",") if isinstance(value, str) else value
-            if not isinstance(items, list | tuple | frozenset | set):
-                raise TypeError
-            methods = frozenset(str(m).strip().upper() for m in items if str(m).strip())
-            if not all(m.isalpha() for m in methods):
-                raise TypeError
-            return methods
-    except (TypeError, ValueError):
-        raise ConfigurationError(f"{source}: bad value for {name}: {value!r}") from None
-    raise AssertionError(kind)  # pragma: no cover
-
-
-def _route(raw: Any, source: str) -> RoutePolicy:
-    if not isinstance(raw, dict):
-        raise ConfigurationError(f"{source}: each [[routes]] entry must be a table")
-    unknown = set(raw) - _ROUTE_KEYS
-    if unknown:
-        raise ConfigurationError(
-            f"{source}: unknown route key {sorted(unknown)[0]!r} (known: {sorted(_ROUTE_KEYS)})"
-        )
-    if "path" not in raw:
-        raise ConfigurationError(f"{source}: a route needs a path")
-    kinds = {"path": "str", "enabled": "bool", "methods": "methods", "required": "bool"}
-    values = {
-        key: _convert(f"routes.{key}", kinds.get(key, "float"), value, source)
-        for key, value in raw.items()
-    }
-    return RoutePolicy(**values)
+def _plain(name: str, value: Any) -> Any:
+    """A setting as JSON (read back by the options' own coercions)."""
+    if isinstance(value, frozenset):
+        return sorted(value)
+    if isinstance(value, tuple):
+        return list(value)
+    if callable(value):
+        path = f"{value.__module__}:{value.__qualname__}"
+        try:
+            found: Any = importlib.import_module(value.__module__)
+            for part in value.__qualname__.split("."):
+                found = getattr(found, part)
+        except (ImportError, AttributeError):
+            found = None
+        if found is not value:
+            raise ConfigurationError(
+                f"{name}: several workers need a function they can import by name "
+                f"(pkg.module:name), not {value!r}"
+            )
+        return path
+    return value
 
 
 def header_scope_resolver(header: str) -> ScopeResolver:

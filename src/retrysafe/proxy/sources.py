@@ -1,41 +1,52 @@
-"""Where the proxy's options come from: flags, then ``RETRYSAFE_*`` variables, then TOML."""
+"""Where the proxy's options come from: flags, then ``RETRYSAFE_*`` variables, then TOML.
+
+Every source is read by the one loader (:func:`~retrysafe._core.options.read_options`, the
+coercions of :class:`~retrysafe.IdempotencyConfig`), so a bad value names its option as written
+where it was found: ``--ttl``, ``RETRYSAFE_TTL in the environment``, ``ttl in proxy.toml``.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import tomllib
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from .._core.config import IdempotencyConfig, config_from
 from .._core.errors import ConfigurationError
-from .settings import ProxySettings, RoutePolicy, _convert, _route
+from .._core.options import Coerce, ConfigSource, Setting, boolean, read_options, text
+from .settings import CONFIG_OPTIONS, PROXY_OPTIONS, ProxySettings, RoutePolicy
 
-Receive = Callable[[], Awaitable[Any]]
-Send = Callable[[Any], Awaitable[None]]
+__all__ = ["ENVIRONMENT", "FLAGS", "OPTIONS", "default", "load_settings", "variable"]
+
+#: Every option of ``retrysafe proxy``: its own, then the middleware's. Flags are
+#: ``--option-name``, variables ``RETRYSAFE_OPTION_NAME`` (the store: ``RETRYSAFE_STORE_URL``).
+OPTIONS: dict[str, Coerce] = {**PROXY_OPTIONS, **CONFIG_OPTIONS}
+
+FLAGS = ConfigSource(flags=True)
+ENVIRONMENT = ConfigSource(where="{key} in the environment", prefix="RETRYSAFE_", upper=True)
+_STORE_VARIABLE = "RETRYSAFE_STORE_URL"
+_REQUIRED = ("upstream", "store")
+_ROUTE_OPTIONS: dict[str, Coerce] = {"path": text, "enabled": boolean, **CONFIG_OPTIONS}
 
 
-#: option -> (kind, environment variable, default; ``...``: required). Flags are ``--option-name``.
-OPTIONS: dict[str, tuple[str, str, Any]] = {
-    "listen": ("str", "RETRYSAFE_LISTEN", "127.0.0.1:8080"),
-    "upstream": ("str", "RETRYSAFE_UPSTREAM", ...),
-    "store": ("str", "RETRYSAFE_STORE_URL", ...),
-    "workers": ("int", "RETRYSAFE_WORKERS", 1),
-    "log_level": ("str", "RETRYSAFE_LOG_LEVEL", "info"),
-    "methods": ("methods", "RETRYSAFE_METHODS", frozenset({"POST", "PATCH"})),
-    "required": ("bool", "RETRYSAFE_REQUIRED", False),
-    "ttl": ("float", "RETRYSAFE_TTL", 24 * 3600.0),
-    "lease": ("float", "RETRYSAFE_LEASE", 30.0),
-    "max_body_size": ("int", "RETRYSAFE_MAX_BODY_SIZE", 1024 * 1024),
-    "max_stored_body_size": ("int", "RETRYSAFE_MAX_STORED_BODY_SIZE", 1024 * 1024),
-    "on_conflict": ("str", "RETRYSAFE_ON_CONFLICT", "reject"),
-    "store_server_errors": ("bool", "RETRYSAFE_STORE_SERVER_ERRORS", False),
-    "on_ambiguous": ("str", "RETRYSAFE_ON_AMBIGUOUS", "unknown"),
-    "principal_header": ("str", "RETRYSAFE_PRINCIPAL_HEADER", "authorization"),
-    "trust_forwarded": ("bool", "RETRYSAFE_TRUST_FORWARDED", False),
-    "connect_timeout": ("float", "RETRYSAFE_CONNECT_TIMEOUT", 5.0),
-    "upstream_timeout": ("float", "RETRYSAFE_UPSTREAM_TIMEOUT", 60.0),
-    "max_connections": ("int", "RETRYSAFE_MAX_CONNECTIONS", 100),
-}
+def variable(name: str) -> str:
+    """The environment variable of an option."""
+    return _STORE_VARIABLE if name == "store" else ENVIRONMENT.key(name)
+
+
+def default(name: str) -> Any:
+    """The default of an option (``...``: required)."""
+    if name in _REQUIRED:
+        return ...
+    for found in dataclasses.fields(ProxySettings):
+        if found.name == name:
+            return found.default
+    return getattr(_CONFIG_DEFAULTS, name)
+
+
+_CONFIG_DEFAULTS = IdempotencyConfig()
 
 
 def load_settings(
@@ -55,35 +66,58 @@ def load_settings(
         Validated settings.
 
     Raises:
-        ConfigurationError: an unreadable file, an unknown or bad option, a missing one.
+        ConfigurationError: an unreadable file, an unknown or bad option, a missing one; the
+            message names the option as written and where.
     """
-    file_values: dict[str, Any] = {}
-    routes: tuple[RoutePolicy, ...] = ()
+    from_file: dict[str, Setting] = {}
+    raw_routes: list[Any] = []
     if config_path:
-        try:
-            file_values = tomllib.loads(Path(config_path).read_text(encoding="utf-8"))
-        except OSError as exc:
-            raise ConfigurationError(f"cannot read {config_path}: {exc.strerror}") from exc
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-            raise ConfigurationError(f"{config_path} is not valid TOML: {exc}") from exc
-        raw_routes = file_values.pop("routes", [])
+        values = _read_toml(config_path)
+        raw_routes = values.pop("routes", [])
         if not isinstance(raw_routes, list):
             raise ConfigurationError(f"{config_path}: routes must be [[routes]] tables")
-        routes = tuple(_route(r, config_path) for r in raw_routes)
-        unknown = set(file_values) - set(OPTIONS)
-        if unknown:
-            raise ConfigurationError(f"{config_path}: unknown option {sorted(unknown)[0]!r}")
-    values: dict[str, Any] = {}
-    for name, (kind, variable, default) in OPTIONS.items():
-        if flags.get(name) is not None:
-            values[name] = _convert(name, kind, flags[name], f"--{name.replace('_', '-')}")
-        elif environ.get(variable):
-            values[name] = _convert(name, kind, environ[variable], variable)
-        elif name in file_values:
-            values[name] = _convert(name, kind, file_values[name], config_path or "")
-        elif default is ...:
-            flag = f"--{name.replace('_', '-')}"
-            raise ConfigurationError(f"{flag} is required (or set {variable})")
-        else:
-            values[name] = default
-    return ProxySettings(**values, routes=routes)
+        from_file = read_options(values, config_path, OPTIONS)
+    # Only the proxy's variables (the environment holds others, RETRYSAFE_CONFIG among them).
+    variables = {
+        variable(name): environ[variable(name)] for name in OPTIONS if environ.get(variable(name))
+    }
+    store_variable = variables.pop(_STORE_VARIABLE, None)
+    from_environment = read_options(variables, ENVIRONMENT, OPTIONS)
+    if store_variable is not None:
+        at = ENVIRONMENT.at(_STORE_VARIABLE)
+        from_environment["store"] = Setting(store_variable, _STORE_VARIABLE, at)
+    given = {FLAGS.key(name): value for name, value in flags.items() if value is not None}
+    merged = {**from_file, **from_environment, **read_options(given, FLAGS, OPTIONS)}
+    config = config_from({n: s for n, s in merged.items() if n in CONFIG_OPTIONS})
+    routes = tuple(_route(raw, config_path or "", config) for raw in raw_routes)
+    for name in _REQUIRED:
+        if name not in merged:
+            raise ConfigurationError(f"{FLAGS.key(name)} is required (or set {variable(name)})")
+    own = {name: setting.value for name, setting in merged.items() if name in PROXY_OPTIONS}
+    return ProxySettings(**own, config=config, routes=routes)
+
+
+def _read_toml(path: str) -> dict[str, Any]:
+    try:
+        return tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigurationError(f"cannot read {path}: {exc.strerror}") from exc
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigurationError(f"{path} is not valid TOML: {exc}") from exc
+
+
+def _route(raw: Any, config_path: str, base: IdempotencyConfig) -> RoutePolicy:
+    """One ``[[routes]]`` table, its options checked over the proxy-wide ones, here, where
+    messages can name the file and the route."""
+    if not isinstance(raw, dict):
+        raise ConfigurationError(f"{config_path}: each [[routes]] entry must be a table")
+    if "path" not in raw:
+        raise ConfigurationError(f"{config_path}: a [[routes]] table needs a path")
+    source = ConfigSource(where=f"{{key}} of route {raw['path']!r} in {config_path}")
+    read = read_options(raw, source, _ROUTE_OPTIONS)
+    path = read.pop("path").value
+    enabled = read.pop("enabled").value if "enabled" in read else True
+    config_from(read, base)  # e.g. a lease longer than the route's ttl, named here
+    return RoutePolicy(
+        path=path, enabled=enabled, options={name: s.value for name, s in read.items()}
+    )

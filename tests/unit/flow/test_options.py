@@ -40,9 +40,10 @@ def test_a_replay_header_that_is_no_header_name_is_refused_at_start_up(bad: str)
         IdempotencyConfig(replay_headers=(bad,))
 
 
-def test_a_bare_string_is_refused_as_replay_headers() -> None:
-    with pytest.raises(ConfigurationError):
-        IdempotencyConfig(replay_headers="Idempotent-Replayed")  # type: ignore[arg-type]
+def test_a_bare_string_is_read_as_a_comma_separated_list_of_replay_headers() -> None:
+    """As on every front (a variable, a flag): never the string's characters as names."""
+    config = IdempotencyConfig(replay_headers="Idempotent-Replayed, X-Replayed")  # type: ignore[arg-type]
+    assert config.replay_headers == ("Idempotent-Replayed", "X-Replayed")
 
 
 def test_the_retention_header_is_added_to_the_first_response_and_stored_for_its_replay() -> None:

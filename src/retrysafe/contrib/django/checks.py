@@ -11,7 +11,7 @@ from django.core.checks import CheckMessage, Error, Warning, register
 
 from ..._core.config import IdempotencyConfig
 from ..._core.errors import ConfigurationError
-from .conf import DEFAULT_STORE, Settings, is_django_store, load_settings
+from .conf import Settings, is_django_store, load_settings
 
 __all__ = ["check_settings"]
 
@@ -27,16 +27,15 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
     from .middleware import sync_store
 
     errors: list[CheckMessage] = []
-    raw = getattr(settings, "RETRYSAFE", {})
-    try:
-        loaded = load_settings()
-    except ConfigurationError as exc:
+    loaded, problems = _load_reporting_each(getattr(settings, "RETRYSAFE", {}))
+    for problem in problems:
         errors.append(
-            Error(str(exc), hint="See the RETRYSAFE settings in the README.", id="retrysafe.E001")
+            Error(
+                str(problem),
+                hint="See the RETRYSAFE settings in the README.",
+                id="retrysafe.E001",
+            )
         )
-        # Still check the store, so that one run reports every mistake.
-        spec = raw.get("STORE", raw.get("store", DEFAULT_STORE)) if isinstance(raw, dict) else None
-        loaded = Settings(spec, IdempotencyConfig())
     store: Any = None
     try:
         if loaded.store is not None:
@@ -44,7 +43,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
     except ConfigurationError as exc:
         errors.append(
             Error(
-                f"RETRYSAFE['STORE']: {exc}",
+                f"settings.RETRYSAFE['STORE']: {exc}",
                 hint="Use django, django://<alias>, memory://, sqlite:///file.db, "
                 "postgresql://... or redis://...",
                 id="retrysafe.E002",
@@ -54,7 +53,8 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
         if loaded.config.transactional and not callable(getattr(store, "begin", None)):
             errors.append(
                 Error(
-                    f"RETRYSAFE['TRANSACTIONAL'] needs a SQL store, not {type(store).__name__}",
+                    f"settings.RETRYSAFE['TRANSACTIONAL']: needs a SQL store, not "
+                    f"{type(store).__name__}",
                     id="retrysafe.E003",
                 )
             )
@@ -90,3 +90,23 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
                 )
             )
     return errors
+
+
+def _load_reporting_each(raw: Any) -> tuple[Settings, list[ConfigurationError]]:
+    """The settings, and every setting at fault (each one named), so that one ``manage.py
+    check`` reports every mistake: a bad setting is set aside and the rest read again. The
+    store is ``None`` when ``STORE`` itself is at fault (nothing more to check about it)."""
+    problems: list[ConfigurationError] = []
+    remaining = dict(raw) if isinstance(raw, dict) else raw
+    while True:
+        try:
+            loaded = load_settings(remaining)
+        except ConfigurationError as exc:
+            problems.append(exc)
+            if not isinstance(remaining, dict) or exc.option not in remaining:
+                return Settings(None, IdempotencyConfig()), problems
+            del remaining[exc.option]
+            continue
+        if any(str(problem.option).upper() == "STORE" for problem in problems):
+            loaded = Settings(None, loaded.config)
+        return loaded, problems

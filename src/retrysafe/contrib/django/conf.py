@@ -10,29 +10,29 @@
     }
 
 Keys are the fields of :class:`~retrysafe.IdempotencyConfig` in upper case, plus ``STORE``.
-``SCOPE_RESOLVER`` and ``ON_EVENT`` take a callable or its dotted path. With the ``django``
-store, ``TRANSACTIONAL`` defaults to ``True`` (the view's ORM writes and the stored response
-commit together).
+``SCOPE_RESOLVER`` and ``ON_EVENT`` take a callable or its dotted path; lists take a list or
+comma-separated text (``"POST, PATCH"``); seconds a number or ``"30s"``, ``"1d"``. With the
+``django`` store, ``TRANSACTIONAL`` defaults to ``True`` (the view's ORM writes and the stored
+response commit together).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
-from django.utils.module_loading import import_string
 
-from ..._core.config import IdempotencyConfig
+from ..._core.config import OPTIONS, IdempotencyConfig, config_from
 from ..._core.errors import ConfigurationError
+from ..._core.options import ConfigSource, Setting, read_options
 
-__all__ = ["DEFAULT_STORE", "Settings", "is_django_store", "load_settings"]
+__all__ = ["DEFAULT_STORE", "SOURCE", "Settings", "is_django_store", "load_settings"]
 
 DEFAULT_STORE = "django"
 
-_FIELDS = {f.name for f in fields(IdempotencyConfig) if f.init}
-_SETS = {"methods", "release_statuses", "replay_header_denylist", "replay_header_allowlist"}
-_CALLABLES = {"scope_resolver", "on_event"}
+#: ``settings.RETRYSAFE['TTL']``: option names in upper case (read in any case).
+SOURCE = ConfigSource(where="settings.RETRYSAFE['{key}']", upper=True)
 
 
 @dataclass(frozen=True)
@@ -54,46 +54,31 @@ def is_django_store(store: Any) -> bool:
 
 
 def load_settings(raw: Any = None) -> Settings:
-    """Validate ``settings.RETRYSAFE`` (or ``raw``).
+    """Validate ``settings.RETRYSAFE`` (or ``raw``), read as every front reads its settings
+    (:meth:`~retrysafe.IdempotencyConfig.from_mapping`: comma-separated text for lists,
+    ``"true"``/``"false"``, ``"30s"``, dotted paths for functions).
 
     Raises:
-        ConfigurationError: one clear line naming the setting at fault.
+        ConfigurationError: one clear line naming the setting at fault
+            (``settings.RETRYSAFE['TTL']: must be positive, got 0``); its ``option`` is the
+            key as written.
     """
     if raw is None:
         raw = getattr(settings, "RETRYSAFE", {})
     if not isinstance(raw, dict):
         raise ConfigurationError(f"settings.RETRYSAFE must be a dict, got {type(raw).__name__}")
-    store: Any = DEFAULT_STORE
-    options: dict[str, Any] = {}
-    for key, value in raw.items():
-        name = str(key).lower()
-        if name == "store":
-            store = value
-            continue
-        if name not in _FIELDS:
-            known = ", ".join(sorted(n.upper() for n in _FIELDS | {"store"}))
-            raise ConfigurationError(f"RETRYSAFE[{key!r}]: unknown setting (known: {known})")
-        if name in _CALLABLES and isinstance(value, str):
-            try:
-                value = import_string(value)
-            except ImportError as exc:
-                raise ConfigurationError(f"RETRYSAFE[{key!r}]: cannot import {value!r}") from exc
-        elif name in _SETS and value is not None and not isinstance(value, str | bytes):
-            try:
-                value = frozenset(value)
-            except TypeError as exc:
-                raise ConfigurationError(
-                    f"RETRYSAFE[{key!r}] must be a list of values, got {value!r}"
-                ) from exc
-        options[name] = value
-    if not isinstance(store, str) and not callable(getattr(store, "reserve", None)):
-        raise ConfigurationError(f"RETRYSAFE['STORE'] must be a store URL or store, not {store!r}")
-    if is_django_store(store):
-        options.setdefault("transactional", True)
-    try:
-        config = IdempotencyConfig(**options)
-    except ConfigurationError as exc:
-        raise ConfigurationError(f"RETRYSAFE: {exc}") from exc
-    except TypeError as exc:  # e.g. a string where a number belongs, caught in comparisons
-        raise ConfigurationError(f"RETRYSAFE: a setting has the wrong type ({exc})") from exc
-    return Settings(store, config)
+    read = read_options(raw, SOURCE, _OPTIONS)
+    store = read.pop("store").value if "store" in read else DEFAULT_STORE
+    if is_django_store(store) and "transactional" not in read:
+        # The view's ORM writes and the stored response commit together by default.
+        read["transactional"] = Setting(True, "TRANSACTIONAL", SOURCE.at("TRANSACTIONAL"))
+    return Settings(store, config_from(read))
+
+
+def _store(value: Any) -> Any:
+    if not isinstance(value, str) and not callable(getattr(value, "reserve", None)):
+        raise ValueError(f"must be a store URL or a store, got {value!r}")
+    return value
+
+
+_OPTIONS = {"store": _store, **OPTIONS}
