@@ -148,6 +148,10 @@ def _lease_problem(lease: float, ttl: float, ttl_at: str = "ttl") -> str | None:
 class IdempotencyConfig:
     """Settings of the idempotency layer (app-wide defaults; routes may override some).
 
+    Every value is checked, and text read, by its entry in :data:`OPTIONS` (``ttl="1d"`` is a
+    day, ``methods="POST, PATCH"`` two methods); :meth:`from_mapping` reads any other source
+    (``app.config``, TOML, variables, flags) the same way.
+
     Attributes:
         methods: HTTP methods that are protected; others pass straight through.
         required: a protected request without a key gets ``400`` (else it runs unprotected).
@@ -284,7 +288,7 @@ class IdempotencyConfig:
         cls,
         mapping: Mapping[str, Any],
         *,
-        source: str | ConfigSource = "IdempotencyConfig.from_mapping()",
+        source: str | ConfigSource = "{key}",
         base: IdempotencyConfig | None = None,
     ) -> IdempotencyConfig:
         """Settings from a mapping of raw values: keyword arguments, ``app.config``, Django
@@ -300,8 +304,9 @@ class IdempotencyConfig:
         Args:
             mapping: option name (as written at the source) -> raw value.
             source: where the mapping comes from: a name (``"proxy.toml"``: messages say
-                ``ttl in proxy.toml``) or a :class:`~retrysafe._core.options.ConfigSource`
-                that also says how keys are spelt there (``RETRYSAFE_TTL``, ``--ttl``).
+                ``ttl in proxy.toml``; default: the option alone) or a
+                :class:`~retrysafe._core.options.ConfigSource` that also says how keys are
+                spelt there (``RETRYSAFE_TTL``, ``--ttl``).
             base: settings the mapping overrides (default: the defaults).
 
         Returns:
@@ -379,7 +384,7 @@ class RouteOptions:
 
     @classmethod
     def from_mapping(
-        cls, mapping: Mapping[str, Any], *, source: str | ConfigSource = "RouteOptions"
+        cls, mapping: Mapping[str, Any], *, source: str | ConfigSource = "{key}"
     ) -> RouteOptions:
         """Route options from raw values, read as :meth:`IdempotencyConfig.from_mapping`
         reads them.
