@@ -28,17 +28,25 @@ from django.http import HttpRequest, HttpResponse, HttpResponseBase, UnreadableP
 from django.http.request import RawPostDataException
 
 from ..._async.runner import AsyncExchange, AsyncRunner
+from ..._body import BodyRefused, read_wsgi_body
 from ..._core.config import IdempotencyConfig, RouteOptions, front_config
 from ..._core.errors import ConfigurationError, StoreError
-from ..._core.flow import EXECUTE, RUN_UNPROTECTED, Answer, Capture, Flow, admit, notify, too_large
+from ..._core.flow import (
+    EXECUTE,
+    RUN_UNPROTECTED,
+    Answer,
+    Capture,
+    Flow,
+    admit,
+    client_gone,
+    notify,
+    too_large,
+)
 from ..._core.request import Request
 from ..._core.routes import route_config, route_options
 from ..._core.transaction import CONTEXT_SCOPE_KEY, context_transaction
 from ..._sync.runner import Exchange, Runner
 from ...stores import AsyncStore, Store, resolve_async_store, resolve_store
-from ...wsgi import _ClientGone as WSGIClientGone
-from ...wsgi import _read_body as read_wsgi_body
-from ...wsgi import _RequestTooLarge as WSGIRequestTooLarge
 from ...wsgi import request_from_environ
 from .conf import is_django_store, load_settings
 from .store import (
@@ -204,8 +212,11 @@ def _parsed_form(request: HttpRequest) -> bytes:
     return b"\n".join(parts)
 
 
-def _read_body(request: HttpRequest, config: IdempotencyConfig) -> bytes | Answer | None:
-    """The body within the limit; an answer (413) past it; ``None``: the client left."""
+def _read_body(request: HttpRequest, declared: int, config: IdempotencyConfig) -> bytes | Answer:
+    """The body within the limit, else the flow's answer: ``413`` past the limit,
+    :func:`~retrysafe._core.flow.client_gone` when it ended early (the stream failed, or gave
+    fewer than ``declared`` bytes: the declared ``Content-Length``, ``-1`` for none), as the
+    shared readers of :mod:`retrysafe._body` decide on the other shells."""
     meta = request.META
     if (
         meta.get("wsgi.input_terminated")
@@ -214,29 +225,31 @@ def _read_body(request: HttpRequest, config: IdempotencyConfig) -> bytes | Answe
     ):
         # Django reads a WSGI body by its Content-Length only, so it would see a chunked one
         # (de-chunked by the server) as empty, and two different bodies would share one
-        # fingerprint. Read it here, as the WSGI shell does, and hand it to Django the way its
-        # own HttpRequest.body keeps a body it has read.
+        # fingerprint. Read it here with the WSGI shell's reader, and hand it to Django the way
+        # its own HttpRequest.body keeps a body it has read.
         try:
-            chunked = read_wsgi_body(meta, -1, config.max_body_size)
-        except WSGIRequestTooLarge:
-            return too_large(config)
-        except WSGIClientGone:
-            return None
-        request._body = chunked
-        request._stream = io.BytesIO(chunked)
+            body = read_wsgi_body(meta, -1, config)
+        except BodyRefused as refused:
+            return refused.answer
+        request._body = body
+        request._stream = io.BytesIO(body)
+        return body
     try:
-        body: bytes = request.body
+        body = request.body
     except RequestDataTooBig:
         return too_large(config)
-    except (UnreadablePostError, OSError):
-        return None
+    except (UnreadablePostError, OSError):  # the server's stream failed: the client left
+        return client_gone()
     except RawPostDataException:
         # A middleware before this one parsed a multipart body from the stream (e.g. CSRF
         # reading request.POST): the raw bytes are gone, so fingerprint what was parsed.
         body = _parsed_form(request)
-    if len(body) > config.max_body_size:
-        return too_large(config)
-    return body
+    else:
+        if len(body) < declared:
+            # Django reads a WSGI body by its Content-Length and takes what the stream gives: a
+            # shorter body means the stream ended early (the client left), as on the WSGI shell.
+            return client_gone()
+    return too_large(config) if len(body) > config.max_body_size else body
 
 
 async def _replay_chunks(chunks: list[bytes]) -> AsyncIterator[bytes]:
@@ -298,9 +311,7 @@ class IdempotencyMiddleware:
         if admitted is None:
             return None
         if not isinstance(admitted, Answer):
-            body = _read_body(request, config)
-            if body is None:  # the body ended early: the client left, nothing runs
-                return HttpResponse(status=400)
+            body = _read_body(request, neutral.content_length, config)
             if isinstance(body, bytes):
                 return config, neutral, admitted, body
             admitted = body
