@@ -16,9 +16,12 @@ SHELLS = [
     "wsgi.py",
     "contrib/flask.py",
     "contrib/django/middleware.py",
+    "contrib/django/_shell.py",
+    "contrib/django/_async_view.py",
+    "contrib/django/_sync_view.py",
 ]
-#: The modules that read a request body.
-BODY_READERS = ["asgi.py", "wsgi.py", "contrib/django/middleware.py"]
+#: The modules that read a request body (the Django shell's reading is in _shell.py).
+BODY_READERS = ["asgi.py", "wsgi.py", "contrib/django/_shell.py"]
 
 
 def _tree(module: str) -> ast.Module:
