@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
-"""Generate the sync runner from the async one (the idea of httpcore's ``scripts/unasync.py``).
+"""Generate sync twins from their async sources (the idea of httpcore's ``scripts/unasync.py``).
 
-    python scripts/unasync.py          # rewrite src/retrysafe/_sync/runner.py
+    python scripts/unasync.py          # rewrite every target of FILES
     python scripts/unasync.py --check  # exit 1 if it is stale or a rewrite rule matched nothing
 
-Each rule is a regular expression applied to the whole source in order; a rule that matches
-nothing is an error, so a rename in the async source cannot silently leave the twin behind. The
-result is formatted with ruff (line breaks may change once ``await`` is gone).
+Each file has its own rules: regular expressions applied to the whole source in order; a rule
+that matches nothing is an error, so a rename in the async source cannot silently leave the twin
+behind. The result is formatted with ruff (line breaks may change once ``await`` is gone).
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-FILES = [("src/retrysafe/_async/runner.py", "src/retrysafe/_sync/runner.py")]
+Rules = list[tuple[str, str]]
 
-RULES: list[tuple[str, str]] = [
+RUNNER_RULES: Rules = [
     (
         r'^"""The async runner: performs the request flow\'s actions against an async store\.',
         '"""The sync runner: performs the request flow\'s actions against a sync store.',
@@ -46,6 +46,31 @@ RULES: list[tuple[str, str]] = [
     (r"\bawait ", ""),
 ]
 
+DJANGO_VIEW_RULES: Rules = [
+    (r"view on an ASGI stack: claim", "view on a WSGI stack: claim"),
+    (
+        r"The sync twin for a WSGI stack is generated from this file",
+        "This file is generated from ``_async_view.py``",
+    ),
+    (r"up to date\): edit this file, then run", "up to date): edit that file, then run"),
+    (r"\bAwaitable, Callable\b", "Callable"),
+    (r"Callable\[\[HttpRequest\], Awaitable\[Any\]\]", "Callable[[HttpRequest], Any]"),
+    (r"\._async\.runner\b", "._sync.runner"),
+    (r"\bAsync(Exchange|Runner|DjangoTransaction)\b", r"\1"),
+    (r"\ba(capture_response|request_user)\b", r"\1"),  # the hand-written pairs of _shell.py
+    (r"\basync def\b", "def"),
+    (r"\bawait ", ""),
+]
+
+FILES: list[tuple[str, str, Rules]] = [
+    ("src/retrysafe/_async/runner.py", "src/retrysafe/_sync/runner.py", RUNNER_RULES),
+    (
+        "src/retrysafe/contrib/django/_async_view.py",
+        "src/retrysafe/contrib/django/_sync_view.py",
+        DJANGO_VIEW_RULES,
+    ),
+]
+
 HEADER = "# Generated from {source} by scripts/unasync.py: do not edit.\n"
 
 
@@ -57,31 +82,35 @@ def _ruff() -> str:
     return found
 
 
-def generate(source: str, text: str, unused: set[str]) -> str:
-    for pattern, replacement in RULES:
+def generate(
+    source: str, target: str, text: str, rules: Rules, unused: set[tuple[str, str]]
+) -> str:
+    for pattern, replacement in rules:
         text, count = re.subn(pattern, replacement, text, flags=re.MULTILINE)
         if count:
-            unused.discard(pattern)
+            unused.discard((source, pattern))
     text = HEADER.format(source=source) + text
-    formatted = subprocess.run(
-        [_ruff(), "format", "--stdin-filename", "runner.py", "-"],
-        input=text,
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        check=True,
-    )
-    return formatted.stdout
+    # Imports sorted again (``_async`` and ``_sync`` sort differently), then formatted.
+    for command in (["check", "--select", "I", "--fix-only", "--quiet"], ["format"]):
+        text = subprocess.run(
+            [_ruff(), *command, "--stdin-filename", target, "-"],
+            input=text,
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            check=True,
+        ).stdout
+    return text
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="fail instead of writing")
     args = parser.parse_args()
-    unused = {pattern for pattern, _ in RULES}
+    unused = {(source, pattern) for source, _, rules in FILES for pattern, _ in rules}
     stale = []
-    for source, target in FILES:
-        wanted = generate(source, (ROOT / source).read_text(), unused)
+    for source, target, rules in FILES:
+        wanted = generate(source, target, (ROOT / source).read_text(), rules, unused)
         path = ROOT / target
         if path.exists() and path.read_text() == wanted:
             continue
@@ -91,7 +120,8 @@ def main() -> int:
             path.write_text(wanted)
             print(f"unasync: wrote {target}")
     if unused:
-        print("unasync: rules that matched nothing:", *sorted(unused), sep="\n  ", file=sys.stderr)
+        unmatched = [f"{source}: {pattern}" for source, pattern in sorted(unused)]
+        print("unasync: rules that matched nothing:", *unmatched, sep="\n  ", file=sys.stderr)
         return 1
     if stale:
         print(

@@ -18,6 +18,7 @@ from typing import Any
 from ._asgi_routes import RouteTable, route_template
 from ._asgi_startup import start_up_checks
 from ._async.runner import AsyncExchange, AsyncRunner
+from ._body import BodyRefused, read_asgi_body
 from ._core.config import IdempotencyConfig, front_config, front_store
 from ._core.flow import EXECUTE, RUN_UNPROTECTED, Answer, Capture, Flow, admit, notify, too_large
 from ._core.request import Request, content_length
@@ -41,10 +42,6 @@ def _forget(task: asyncio.Future[None]) -> None:
     if not task.cancelled() and (error := task.exception()) is not None:
         # The key was released; the client that could see the error is gone.
         logging.getLogger("retrysafe").error("detached handler failed", exc_info=error)
-
-
-class _ClientGone(Exception):
-    """The client left before its body was read."""
 
 
 def request_from_scope(scope: Scope) -> Request:
@@ -115,16 +112,16 @@ class IdempotencyMiddleware:
         admitted = admit(request, config)
         assert admitted is not None  # no key where it is optional passed through above
         if not isinstance(admitted, Answer):
-            try:
-                message = await receive()  # the whole body in one message: the common case
-                if message["type"] == "http.request" and not message.get("more_body", False):
-                    body = message.get("body", b"")
-                else:
-                    body = await _read_body(message, receive, config.max_body_size)
-            except _ClientGone:
-                return  # the client left before sending its body: nothing ran, nothing to answer
-            if len(body) > config.max_body_size:
-                admitted = too_large(config)
+            message = await receive()  # the whole body in one message: the common case
+            if message["type"] == "http.request" and not message.get("more_body", False):
+                body = message.get("body", b"")
+                if len(body) > config.max_body_size:
+                    admitted = too_large(config)
+            else:
+                try:
+                    body = await read_asgi_body(message, receive, config)
+                except BodyRefused as refused:  # too large, or the client left
+                    admitted = refused.answer
         if isinstance(admitted, Answer):
             notify(config, admitted.event or "", request, "")
             await _send_answer(send, admitted)
@@ -138,22 +135,6 @@ class IdempotencyMiddleware:
         else:
             assert isinstance(verdict, Answer)
             await _send_answer(send, verdict)
-
-
-async def _read_body(message: Message, receive: Receive, limit: int) -> bytes:
-    """The body of several messages; stops reading once it is over ``limit`` (and is so)."""
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        if message["type"] == "http.disconnect":
-            raise _ClientGone
-        chunk = message.get("body", b"")
-        if chunk:
-            size += len(chunk)
-            chunks.append(chunk)
-        if size > limit or not message.get("more_body", False):
-            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
-        message = await receive()
 
 
 async def _send_answer(send: Send, answer: Answer) -> None:

@@ -20,8 +20,9 @@ from http import HTTPStatus
 from types import TracebackType
 from typing import Any
 
+from ._body import BodyRefused, read_wsgi_body
 from ._core.config import IdempotencyConfig, RouteOptions, front_config, front_store
-from ._core.flow import EXECUTE, RUN_UNPROTECTED, Answer, Capture, Flow, admit, notify, too_large
+from ._core.flow import EXECUTE, RUN_UNPROTECTED, Answer, Capture, Flow, admit, notify
 from ._core.request import Request, content_length
 from ._core.routes import route_config
 from ._core.transaction import CONTEXT_SCOPE_KEY, context_transaction
@@ -35,16 +36,6 @@ logger = logging.getLogger("retrysafe")
 ExcInfo = tuple[type[BaseException], BaseException, TracebackType | None]
 StartResponse = Callable[..., Callable[[bytes], Any]]
 WSGIApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]
-
-_BLOCK = 64 * 1024
-
-
-class _RequestTooLarge(Exception):
-    pass
-
-
-class _ClientGone(Exception):
-    pass
 
 
 def request_from_environ(environ: Mapping[str, Any]) -> Request:
@@ -140,13 +131,9 @@ class IdempotencyMiddleware:
             return self.app(environ, start_response)
         if not isinstance(admitted, Answer):
             try:
-                body = _read_body(environ, request.content_length, config.max_body_size)
-            except _RequestTooLarge:
-                admitted = too_large(config)
-            except _ClientGone:
-                # The body ended before its declared length: the client left; nothing runs.
-                start_response("400 Bad Request", [("Content-Length", "0")])
-                return []
+                body = read_wsgi_body(environ, request.content_length, config)
+            except BodyRefused as refused:  # too large, or the client left
+                admitted = refused.answer
         if isinstance(admitted, Answer):
             notify(config, admitted.event or "", request, "")
             return _respond(start_response, admitted)
@@ -186,33 +173,6 @@ def mark_committed(environ: Mapping[str, Any]) -> bool:
     """
     context = environ.get(CONTEXT_SCOPE_KEY)
     return True if context is None else bool(context.mark_committed())
-
-
-def _read_body(environ: Mapping[str, Any], length: int, limit: int) -> bytes:
-    stream = environ["wsgi.input"]
-    chunked = "chunked" in environ.get("HTTP_TRANSFER_ENCODING", "").lower()
-    if length >= 0 and not chunked:
-        parts: list[bytes] = []
-        left = length
-        while left > 0:
-            part = stream.read(min(left, _BLOCK))
-            if not part:
-                raise _ClientGone
-            parts.append(part)
-            left -= len(part)
-        return b"".join(parts)
-    if not chunked and not environ.get("wsgi.input_terminated"):
-        return b""  # no length, no chunked framing: PEP 3333 says there is no body
-    parts = []
-    size = 0
-    while True:
-        part = stream.read(_BLOCK)
-        if not part:
-            return b"".join(parts)
-        size += len(part)
-        if size > limit:
-            raise _RequestTooLarge
-        parts.append(part)
 
 
 def _status_line(status: int) -> str:

@@ -39,6 +39,7 @@ django.setup()
 
 import httpx  # noqa: E402
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction  # noqa: E402
+from django.core.handlers.asgi import ASGIHandler  # noqa: E402
 from django.http import (  # noqa: E402
     HttpRequest,
     HttpResponse,
@@ -51,7 +52,17 @@ from django.urls import re_path  # noqa: E402
 
 from retrysafe.contrib.django import amark_committed, mark_committed  # noqa: E402
 
-from .harness import WAIT, HandlerFailed, Plan, World, plan, wsgi_environ  # noqa: E402
+from .harness import (  # noqa: E402
+    WAIT,
+    CutStream,
+    HandlerFailed,
+    Plan,
+    World,
+    asgi_scope,
+    cut_asgi,
+    plan,
+    wsgi_environ,
+)
 
 __all__ = ["DjangoAsyncFront", "DjangoFront", "contract_urls", "urlpatterns"]
 
@@ -234,6 +245,16 @@ class DjangoFront:
                 next(chunks, None)
         response.close()
 
+    def cut(self, request: httpx.Request, sent: int, error: bool) -> int | None:
+        """The client leaves after ``sent`` bytes of the body: the environ's stream ends there
+        (or fails), its ``Content-Length`` still the whole body's."""
+        environ = wsgi_environ(request)
+        environ["wsgi.input"] = CutStream(request.content[:sent], error=error)
+        environ[WORLD_KEY] = self.world
+        response = self._client().request(**environ)
+        response.close()
+        return response.status_code
+
     def close(self) -> None:
         """Nothing to release here: the harness closes the (sync) store."""
 
@@ -252,6 +273,7 @@ class DjangoAsyncFront:
     def __init__(self, store: Any, world: World, **options: Any) -> None:
         self.world = world
         self.store = store
+        self.options = options
         self.client = AsyncClient(raise_request_exception=False)
         with _settings(store, options):
             self.client.handler.load_middleware(is_async=True)
@@ -308,6 +330,15 @@ class DjangoAsyncFront:
     def abandon(self, request: httpx.Request, after: int) -> None:
         """The client goes away after reading ``after`` body chunks."""
         self._run(self._abandon(self._scope(request), after))
+
+    def cut(self, request: httpx.Request, sent: int, error: bool) -> int | None:
+        """The client leaves after ``sent`` bytes of the body, through Django's own ASGI
+        handler (the test client hands the view a body it already has): the server reports
+        ``http.disconnect``."""
+        with _settings(self.store, self.options):
+            handler = ASGIHandler()
+        scope = {**asgi_scope(request), WORLD_KEY: self.world}
+        return self._run(cut_asgi(handler, scope, request.read()[:sent]))  # type: ignore[no-any-return]
 
     async def _aclose(self) -> None:
         # The lease keeper's sweeper and any background completion end with the loop.

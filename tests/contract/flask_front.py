@@ -28,7 +28,7 @@ from werkzeug.test import EnvironBuilder, TestResponse
 
 from retrysafe.contrib.flask import Idempotency, mark_committed
 
-from .harness import HandlerFailed, World, WsgiChunks, plan
+from .harness import CutStream, HandlerFailed, World, WsgiChunks, plan
 
 __all__ = ["FlaskFront", "flask_app"]
 
@@ -149,6 +149,28 @@ class FlaskFront:
         for _ in range(after):
             next(chunks, None)
         response.close()
+
+    def cut(self, request: httpx.Request, sent: int, error: bool) -> int | None:
+        """The client leaves after ``sent`` bytes of the body: the environ's stream ends there
+        (or fails), its ``Content-Length`` still the whole body's."""
+        request.read()
+        builder = EnvironBuilder(
+            request.url.raw_path.split(b"?")[0].decode("ascii"),
+            base_url=BASE_URL,
+            method=request.method,
+            query_string=request.url.query.decode("ascii"),
+            headers=[
+                (name.decode("latin-1"), value.decode("latin-1"))
+                for name, value in request.headers.raw
+                if name.lower() != b"host"
+            ],
+        )
+        environ = builder.get_environ()
+        environ["wsgi.input"] = CutStream(request.content[:sent], error=error)
+        environ["CONTENT_LENGTH"] = str(len(request.content))
+        response = self._client().open(self.app.request_class(environ), buffered=False)
+        response.close()
+        return response.status_code
 
     def close(self) -> None:
         """Nothing to release here: the harness closes the store."""

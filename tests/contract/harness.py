@@ -58,12 +58,16 @@ __all__ = [
     "ASYNC_SHELLS",
     "REPLAYED",
     "ClientFront",
+    "CutStream",
     "Pending",
     "ServerTransport",
     "Service",
     "World",
     "WsgiChunks",
+    "asgi_scope",
+    "cut_asgi",
     "problem_type",
+    "wsgi_status",
 ]
 
 REPLAYED = "idempotency-replayed"
@@ -347,6 +351,46 @@ class ServerTransport(httpx.BaseTransport):
         return httpx.Response(status, headers=headers, content=body)
 
 
+class CutStream:
+    """The ``wsgi.input`` of a request whose client left after the first bytes of its body:
+    the stream then ends, as gunicorn's does, or raises ``OSError`` (``error``), as uWSGI's and
+    mod_wsgi's do."""
+
+    def __init__(self, data: bytes, *, error: bool = False) -> None:
+        self.data = io.BytesIO(data)
+        self.error = error
+
+    def read(self, size: int = -1) -> bytes:
+        return self._checked(self.data.read(size), size)
+
+    def readline(self, size: int = -1) -> bytes:
+        return self._checked(self.data.readline(size), size)
+
+    def _checked(self, chunk: bytes, size: int) -> bytes:
+        if not chunk and size != 0 and self.error:
+            raise OSError("client disconnected")
+        return chunk
+
+
+def wsgi_status(app: Callable[..., Iterable[bytes]], environ: dict[str, Any]) -> int:
+    """Call a WSGI app as a server does (its iterable read to its end, then closed) and return
+    the status it answered."""
+    head: list[str] = []
+
+    def start_response(status: str, headers: Any, exc_info: Any = None) -> Any:
+        head[:] = [status]
+        return lambda data: None
+
+    result = app(environ, start_response)
+    try:
+        b"".join(result)
+    finally:
+        close = getattr(result, "close", None)
+        if close is not None:
+            close()
+    return int(head[0].split()[0])
+
+
 # -- fronts driven through a framework's own test client ------------------------------------
 
 
@@ -362,6 +406,10 @@ class ClientFront(Protocol):
 
     def abandon(self, request: httpx.Request, after: int) -> None:
         """Send the request and go away after ``after`` parts of the response were read."""
+
+    def cut(self, request: httpx.Request, sent: int, error: bool) -> int | None:
+        """Send the request whose client leaves after ``sent`` bytes of its body (see
+        :meth:`Service.cut`); the status the front answered, ``None`` for no answer."""
 
     def close(self) -> None:
         """Release what the front holds: not a sync store (the service closes it); an async
@@ -499,22 +547,26 @@ class Service:
             next(chunks, None)
         result.close()
 
+    def cut(
+        self, path: str = "/orders", *, sent: int, error: bool = False, **kwargs: Any
+    ) -> int | None:
+        """Send a request whose client leaves after ``sent`` bytes of its body (its whole length
+        declared in ``Content-Length``). ASGI: the server reports ``http.disconnect``; WSGI
+        and the test-client shells: ``wsgi.input`` ends early, or raises ``OSError`` where
+        ``error`` is set. Returns the status the shell answered (``None``: no answer)."""
+        request = self.build(path, **kwargs)
+        if self.shell == "asgi":
+            scope = asgi_scope(request)
+            return self._run(cut_asgi(self.middleware, scope, request.read()[:sent]))  # type: ignore[no-any-return]
+        if self.front is not None:
+            return self.front.cut(request, sent, error)
+        environ = wsgi_environ(request)
+        environ["wsgi.input"] = CutStream(request.content[:sent], error=error)
+        return wsgi_status(self.middleware, environ)
+
     async def _abandon_asgi(self, request: httpx.Request, after: int) -> None:
         body = request.read()
-        scope = {
-            "type": "http",
-            "asgi": {"version": "3.0", "spec_version": "2.3"},
-            "http_version": "1.1",
-            "method": request.method,
-            "scheme": "http",
-            "path": request.url.path,
-            "raw_path": request.url.raw_path,
-            "root_path": "",
-            "query_string": request.url.query,
-            "headers": [(n.lower(), v) for n, v in request.headers.raw],
-            "server": ("test", 80),
-            "client": ("127.0.0.1", 50000),
-        }
+        scope = asgi_scope(request)
         delivered = False
         sent = 0
 
@@ -555,6 +607,41 @@ class Service:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         await self.store.aclose()
+
+
+def asgi_scope(request: httpx.Request) -> dict[str, Any]:
+    """The HTTP scope an ASGI server builds for ``request``."""
+    return {
+        "type": "http",
+        "asgi": {"version": "3.0", "spec_version": "2.3"},
+        "http_version": "1.1",
+        "method": request.method,
+        "scheme": "http",
+        "path": request.url.path,
+        "raw_path": request.url.raw_path,
+        "root_path": "",
+        "query_string": request.url.query,
+        "headers": [(n.lower(), v) for n, v in request.headers.raw],
+        "server": ("test", 80),
+        "client": ("127.0.0.1", 50000),
+    }
+
+
+async def cut_asgi(app: Any, scope: dict[str, Any], part: bytes) -> int | None:
+    """Call an ASGI app with a request whose client leaves after ``part`` of its body (the
+    server then reports ``http.disconnect``); the status the app answered, ``None``: none."""
+    messages = [{"type": "http.request", "body": part, "more_body": True}]
+    messages.append({"type": "http.disconnect"})
+    out: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return messages.pop(0) if len(messages) > 1 else messages[0]
+
+    async def send(message: dict[str, Any]) -> None:
+        out.append(message)
+
+    await app(scope, receive, send)
+    return out[0]["status"] if out else None
 
 
 async def _async_chunks(chunks: Iterable[bytes]) -> AsyncIterator[bytes]:

@@ -181,7 +181,8 @@ class IdempotencyConfig:
             connection commit together with the stored response (exactly-once effects).
         on_event: called as ``hook(event, details)`` for ``executed``, ``settled``,
             ``replayed``, ``conflict``, ``mismatch``, ``missing_key``, ``invalid_key``,
-            ``too_large``, ``outcome_unknown``, ``store_error`` (answered 503), ``fail_open``,
+            ``too_large``, ``client_gone`` (the body ended early), ``outcome_unknown``,
+            ``store_error`` (answered 503), ``fail_open``,
             ``completion_deferred``, ``completion_recovered``, ``completion_failed`` and
             ``lease_lost``; ``details`` carries ``record`` (a hashed prefix, never the key),
             ``method``, ``path``, ``route`` (the template when known), and ``error``/``phase``

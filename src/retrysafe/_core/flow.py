@@ -11,7 +11,8 @@ lives. The same idiom runs the PostgreSQL store's operations, one level down.
 
 Phases:
 
-- :func:`admit`: pass-through, ``400`` missing or malformed key, ``413`` declared too large.
+- :func:`admit`: pass-through, ``400`` missing or malformed key, ``413`` declared too large;
+  while the shell reads the body, :func:`too_large` and :func:`client_gone`.
 - :meth:`Flow.claim`: reserve, then replay, ``409`` in progress (or wait), ``422`` mismatch,
   ``409`` outcome unknown, ``503`` or fail-open when the store fails; or "execute".
 - :meth:`Flow.settle`: the handler's response is final: status policy, fenced completion, the
@@ -67,6 +68,7 @@ __all__ = [
     "Estimates",
     "Flow",
     "admit",
+    "client_gone",
     "decide",
     "notify",
     "problem",
@@ -224,6 +226,14 @@ def too_large(config: IdempotencyConfig) -> Answer:
         f"The request body exceeds {config.max_body_size} bytes.",
         event="too_large",
     )
+
+
+def client_gone() -> Answer:
+    """``400`` with no body: the request body ended before it was complete (the client left, or
+    closed its side early). Nothing ran and no key was reserved, so the client's retry runs as if
+    this request had never come. Every shell sends it as it sends any answer; it reaches a client
+    that only closed its side (a left one reads nothing, and the server may drop it)."""
+    return Answer(400, [(b"content-length", b"0")], b"", event="client_gone")
 
 
 def admit(request: Request, config: IdempotencyConfig) -> str | Answer | None:

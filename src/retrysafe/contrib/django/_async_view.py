@@ -1,0 +1,108 @@
+"""The Django middleware's steps around the view on an ASGI stack: claim, then settle.
+
+The sync twin for a WSGI stack is generated from this file by ``scripts/unasync.py``
+(``make lint`` checks it is up to date): edit this file, then run the script. What genuinely
+differs between the two modes lives in the hand-written pairs of :mod:`._shell` (the user, the
+capture of a streamed body).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from django.http import HttpRequest, HttpResponse
+
+from ..._async.runner import AsyncExchange, AsyncRunner
+from ..._core.errors import StoreError
+from ..._core.flow import EXECUTE, RUN_UNPROTECTED, Answer, Capture, Flow
+from ._shell import (
+    EXCHANGE_ATTR,
+    Admitted,
+    acapture_response,
+    arequest_user,
+    response_head,
+    to_response,
+    with_added,
+)
+from .store import AsyncDjangoTransaction, current_route
+
+__all__ = ["claim", "respond"]
+
+
+async def claim(
+    runner: AsyncRunner, request: HttpRequest, admitted: Admitted
+) -> HttpResponse | None:
+    """Claim the key before the view runs.
+
+    Returns:
+        The response that ends the request here (a replay, a problem answer), or ``None``: run
+        the view (protected, its exchange left on the request; or unprotected, failing open).
+    """
+    config, neutral, key, body = admitted
+    neutral.user = await arequest_user(request)
+    exchange = AsyncExchange(runner, Flow(config, neutral, key, body))
+    label = current_route.set(f"{neutral.method} {neutral.route or neutral.path}")
+    try:
+        verdict = await exchange.claim()
+    finally:
+        current_route.reset(label)
+    if verdict is RUN_UNPROTECTED:
+        return None
+    if verdict is not EXECUTE:
+        assert isinstance(verdict, Answer)
+        return to_response(verdict)
+    if isinstance(exchange.transaction, AsyncDjangoTransaction):
+        # The view's ORM writes must land in the block: enter it before the view runs (a URL
+        # store's transaction begins lazily, when the view asks for it).
+        try:
+            await exchange.transaction.connection()
+        except StoreError as exc:
+            failed = await _fail(exchange, exc, False)
+            assert failed is not None  # a store error is always answered (503)
+            return failed
+    exchange.start()
+    setattr(request, EXCHANGE_ATTR, exchange)
+    return None
+
+
+async def respond(
+    get_response: Callable[[HttpRequest], Awaitable[Any]], request: HttpRequest
+) -> Any:
+    """Run the rest of the stack and the view; settle a protected request with its response
+    (stored, or the key released) and answer with it or with the flow's answer."""
+    try:
+        response = await get_response(request)
+    except BaseException as exc:
+        exchange = request.__dict__.pop(EXCHANGE_ATTR, None)
+        failed = None if exchange is None else await _fail(exchange, exc, False)
+        if failed is None:
+            raise
+        return failed
+    exchange = request.__dict__.pop(EXCHANGE_ATTR, None)
+    if exchange is None:
+        return response
+    status, headers = response_head(response)
+    capture = Capture(exchange.flow.config.max_stored_body_size)
+    try:
+        await acapture_response(response, capture)
+    except BaseException as exc:
+        failed = await _fail(exchange, exc, True)
+        if failed is None:
+            raise
+        return failed
+    try:
+        answer = await exchange.settle(status, headers, capture.body, capture.omitted)
+    finally:
+        await exchange.end()
+    return with_added(response, exchange) if answer is None else to_response(answer)
+
+
+async def _fail(exchange: AsyncExchange, exc: BaseException, started: bool) -> HttpResponse | None:
+    """The flow's answer to a failure of the view (the key released, or outcome unknown);
+    ``None``: let the exception propagate."""
+    try:
+        answer = await exchange.fail(exc, started)
+    finally:
+        await exchange.end()
+    return None if answer is None else to_response(answer)
