@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
-"""Generate the sync runner from the async one (the idea of httpcore's ``scripts/unasync.py``).
+"""Generate sync twins from async sources (the idea of httpcore's ``scripts/unasync.py``).
 
-    python scripts/unasync.py          # rewrite src/retrysafe/_sync/runner.py
-    python scripts/unasync.py --check  # exit 1 if it is stale or a rewrite rule matched nothing
+    python scripts/unasync.py          # rewrite every generated file of FILES
+    python scripts/unasync.py --check  # exit 1 if one is stale or a rewrite rule matched nothing
 
-Each rule is a regular expression applied to the whole source in order; a rule that matches
-nothing is an error, so a rename in the async source cannot silently leave the twin behind. The
-result is formatted with ruff (line breaks may change once ``await`` is gone).
+Each file has its own rules: regular expressions applied to the whole source in order; a rule
+that matches nothing in its file is an error, so a rename in the async source cannot silently
+leave the twin behind. The result is formatted with ruff (line breaks may change once ``await``
+is gone).
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-FILES = [("src/retrysafe/_async/runner.py", "src/retrysafe/_sync/runner.py")]
 
 RULES: list[tuple[str, str]] = [
     (
@@ -46,6 +46,68 @@ RULES: list[tuple[str, str]] = [
     (r"\bawait ", ""),
 ]
 
+
+def _client_rules(module: str, *rules: tuple[str, str]) -> list[tuple[str, str]]:
+    """Rules of a module of the client's ``_async/``: its docstring's pointer, ``rules``, then
+    the ``Awaitable`` annotations, ``aclose`` and ``async``/``await`` that every one of them has."""
+    return [
+        (
+            rf"The sync twin, ``_sync/{module}\.py``, is generated from this file by",
+            f"This file is generated from ``_async/{module}.py`` by",
+        ),
+        (
+            r"\(``make lint`` checks it is up to date\): edit this file,",
+            "(``make lint`` checks it): edit that file,",
+        ),
+        *rules,
+        (r"\bAwaitable, ", ""),
+        (r"Awaitable\[(\w+)\]", r"\1"),
+        (r"\baclose\b", "close"),
+        (r"\basync def\b", "def"),
+        (r"\bawait ", ""),
+    ]
+
+
+#: The retry loop, shared by the sync httpx transport and the requests adapter.
+CLIENT_RETRY_RULES = _client_rules(
+    "retry",
+    (r'^"""The async retry loop:', '"""The sync retry loop:'),
+    (r"^import asyncio\n", ""),
+    (r"\bAsyncAnswer\b", "Answer"),
+    (
+        r"(\n +)# A durable \(fsynced\) write: off the event loop\.\n +"
+        r"await asyncio\.to_thread\(call\.operation\.finish, status\)",
+        r"\1call.operation.finish(status)",
+    ),
+)
+
+#: The httpx transport.
+CLIENT_TRANSPORT_RULES = _client_rules(
+    "transport",
+    (r'^"""The async httpx transport', '"""The sync httpx transport'),
+    (r"^import asyncio$", "import time"),
+    (r"\basyncio\.sleep\b", "time.sleep"),
+    (r"\bAsyncRetryingTransport\b", "RetryingTransport"),
+    (r"\bhttpx\.Async(BaseTransport|HTTPTransport|Client)\b", r"httpx.\1"),
+    (r"\bhandle_async_request\b", "handle_request"),
+    (r"\baread\b", "read"),
+)
+
+#: (async source, generated twin, the rules that turn one into the other).
+FILES: list[tuple[str, str, list[tuple[str, str]]]] = [
+    ("src/retrysafe/_async/runner.py", "src/retrysafe/_sync/runner.py", RULES),
+    (
+        "src/retrysafe/client/_async/retry.py",
+        "src/retrysafe/client/_sync/retry.py",
+        CLIENT_RETRY_RULES,
+    ),
+    (
+        "src/retrysafe/client/_async/transport.py",
+        "src/retrysafe/client/_sync/transport.py",
+        CLIENT_TRANSPORT_RULES,
+    ),
+]
+
 HEADER = "# Generated from {source} by scripts/unasync.py: do not edit.\n"
 
 
@@ -57,11 +119,13 @@ def _ruff() -> str:
     return found
 
 
-def generate(source: str, text: str, unused: set[str]) -> str:
-    for pattern, replacement in RULES:
+def generate(
+    source: str, text: str, rules: list[tuple[str, str]], unused: set[tuple[str, str]]
+) -> str:
+    for pattern, replacement in rules:
         text, count = re.subn(pattern, replacement, text, flags=re.MULTILINE)
         if count:
-            unused.discard(pattern)
+            unused.discard((source, pattern))
     text = HEADER.format(source=source) + text
     formatted = subprocess.run(
         [_ruff(), "format", "--stdin-filename", "runner.py", "-"],
@@ -78,10 +142,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="fail instead of writing")
     args = parser.parse_args()
-    unused = {pattern for pattern, _ in RULES}
+    unused = {(source, pattern) for source, _, rules in FILES for pattern, _ in rules}
     stale = []
-    for source, target in FILES:
-        wanted = generate(source, (ROOT / source).read_text(), unused)
+    for source, target, rules in FILES:
+        wanted = generate(source, (ROOT / source).read_text(), rules, unused)
         path = ROOT / target
         if path.exists() and path.read_text() == wanted:
             continue
@@ -91,7 +155,12 @@ def main() -> int:
             path.write_text(wanted)
             print(f"unasync: wrote {target}")
     if unused:
-        print("unasync: rules that matched nothing:", *sorted(unused), sep="\n  ", file=sys.stderr)
+        print(
+            "unasync: rules that matched nothing:",
+            *(f"{source}: {pattern}" for source, pattern in sorted(unused)),
+            sep="\n  ",
+            file=sys.stderr,
+        )
         return 1
     if stale:
         print(
