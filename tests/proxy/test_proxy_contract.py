@@ -369,6 +369,26 @@ def test_streamed_request_bodies_reach_the_backend_whole(
     assert len(backend.effects(key=f'"{key}"')) == 1
 
 
+def test_a_large_body_with_content_length_streams_through_whole(
+    proxy: Proxy, client: httpx.Client
+) -> None:
+    blob = bytes(range(256)) * 8192  # 2 MiB with Content-Length: the server delivers it in parts
+    answer = client.post(proxy.url + "/upload", content=blob)
+    assert answer.status_code == 201
+    assert answer.json()["sha256"] == hashlib.sha256(blob).hexdigest()
+
+
+def test_head_answers_end_at_their_head_and_the_next_request_is_served(
+    proxy: Proxy, client: httpx.Client
+) -> None:
+    for _ in range(3):  # a HEAD answer's Content-Length has no body behind it
+        head = client.head(proxy.url + "/health")
+        assert head.status_code == 200
+        assert head.headers["content-length"] == "11"
+        assert head.content == b""
+    assert client.post(proxy.url + "/orders", content=b"after-head").status_code == 201
+
+
 def test_a_response_over_the_stored_limit_streams_whole_and_replays_without_body(
     proxy: Proxy, backend: Backend, client: httpx.Client
 ) -> None:

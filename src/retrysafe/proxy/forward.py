@@ -169,7 +169,7 @@ class UpstreamProxy:
                 {
                     "type": "http.response.start",
                     "status": status,
-                    "headers": _strip_hop_by_hop(headers),
+                    "headers": _strip_hop_by_hop(headers) if conn.hop_by_hop else headers,
                 }
             )
             if not conn.complete:
@@ -199,7 +199,9 @@ class UpstreamProxy:
 
     def _request_head(self, scope: Scope, body: bytes, streamed: bool) -> tuple[bytes, bool]:
         """The request line and header fields for the upstream, ending with the blank line, and
-        whether the body goes chunked."""
+        whether the body goes chunked. One pass over the client's header fields: hop-by-hop
+        ones (and those ``Connection`` names) dropped, ``Host`` replaced by the upstream's,
+        ``Content-Length`` set from the body, the forwarding fields added."""
         raw_path: bytes = scope.get("raw_path") or scope["path"].encode("utf-8")
         query: bytes = scope.get("query_string", b"")
         method: bytes = scope["method"].encode("ascii")
@@ -207,13 +209,42 @@ class UpstreamProxy:
         if query:
             parts += [b"?", query]
         parts += [b" HTTP/1.1\r\nhost: ", self._host_header]
-        length = b""
-        chunked = False
-        for name, value in self._request_headers(scope):
+        raw_headers: list[tuple[bytes, bytes]] = scope["headers"]
+        dropped = _connection_tokens(raw_headers)
+        trust = self.settings.trust_forwarded
+        length = host = b""
+        prior: dict[bytes, list[bytes]] = {}
+        for name, value in raw_headers:
+            if name in HOP_BY_HOP or (dropped and name in dropped):
+                continue
             if name == b"content-length":
                 length = value
-                continue
-            parts += [b"\r\n", name, b": ", value]
+            elif name == b"host":
+                host = value  # the upstream gets its own Host; the original goes in Forwarded
+            elif name in _FORWARDING:
+                if trust:
+                    prior.setdefault(name, []).append(value)
+                    if name == b"x-real-ip":
+                        parts += [b"\r\n", name, b": ", value]
+            else:
+                parts += [b"\r\n", name, b": ", value]
+        proto = str(scope.get("scheme", "http")).encode("latin-1")
+        client = scope.get("client")
+        node = (str(client[0]) if client else "unknown").encode("latin-1")
+        quoted = b'"[' + node + b']"' if b":" in node else node
+        element = b"for=" + quoted + b";proto=" + proto
+        if host:
+            element += b';host="' + host.replace(b'"', b"") + b'"'
+        if prior:
+            element = b", ".join([*prior.get(b"forwarded", []), element])
+            node = b", ".join([*prior.get(b"x-forwarded-for", []), node])
+            proto = prior.get(b"x-forwarded-proto", [proto])[0]
+            host = prior.get(b"x-forwarded-host", [host])[0]
+        parts += [b"\r\nforwarded: ", element, b"\r\nx-forwarded-for: ", node]
+        parts += [b"\r\nx-forwarded-proto: ", proto]
+        if host:
+            parts += [b"\r\nx-forwarded-host: ", host]
+        chunked = False
         if streamed:
             # The client's own length when it gave one, else chunked (as it arrived).
             chunked = not length
@@ -224,41 +255,6 @@ class UpstreamProxy:
             parts.append(b"\r\ncontent-length: " + str(len(body)).encode("ascii"))
         parts.append(b"\r\n\r\n")
         return b"".join(parts), chunked
-
-    def _request_headers(self, scope: Scope) -> list[tuple[bytes, bytes]]:
-        raw_headers: list[tuple[bytes, bytes]] = scope["headers"]
-        trust = self.settings.trust_forwarded
-        dropped = _connection_tokens(raw_headers)
-        headers: list[tuple[bytes, bytes]] = []
-        host = b""
-        prior: dict[bytes, list[bytes]] = {}
-        for name, value in raw_headers:
-            if name in HOP_BY_HOP or name in dropped:
-                continue
-            if name == b"host":
-                host = value  # the upstream gets its own Host; the original goes in Forwarded
-                continue
-            if name in _FORWARDING:
-                if trust:
-                    prior.setdefault(name, []).append(value)
-                    if name == b"x-real-ip":
-                        headers.append((name, value))
-                continue
-            headers.append((name, value))
-        proto = str(scope.get("scheme", "http")).encode("latin-1")
-        client = scope.get("client")
-        node = str(client[0]) if client else "unknown"
-        quoted = f'"[{node}]"' if ":" in node else node
-        element = b"for=" + quoted.encode("latin-1") + b";proto=" + proto
-        if host:
-            element += b';host="' + host.replace(b'"', b"") + b'"'
-        headers.append((b"forwarded", b", ".join([*prior.get(b"forwarded", []), element])))
-        chain = [*prior.get(b"x-forwarded-for", []), node.encode("latin-1")]
-        headers.append((b"x-forwarded-for", b", ".join(chain)))
-        headers.append((b"x-forwarded-proto", prior.get(b"x-forwarded-proto", [proto])[0]))
-        if host or b"x-forwarded-host" in prior:
-            headers.append((b"x-forwarded-host", prior.get(b"x-forwarded-host", [host])[0]))
-        return headers
 
     async def _failed(self, send: Send, exc: UpstreamError, *, sent: bool, protected: bool) -> None:
         """Answer a failed forward with problem+json: 504 for timeouts, else 502."""

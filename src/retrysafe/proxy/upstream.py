@@ -30,6 +30,8 @@ from typing import Any
 
 import httptools
 
+from .forward import HOP_BY_HOP
+
 __all__ = ["Connection", "Pool", "UpstreamError"]
 
 #: Pause reading from the upstream while this much of its answer waits for the client.
@@ -75,6 +77,8 @@ class Connection(asyncio.Protocol):
         self._sent = False  # a byte of the current request was written
         self._reuse = True
         self._keep_alive = False
+        #: The answer has a hop-by-hop header field (``Connection``, ``Keep-Alive``...).
+        self.hop_by_hop = False
 
     # -- asyncio.Protocol ---------------------------------------------------------------------
 
@@ -114,7 +118,10 @@ class Connection(asyncio.Protocol):
     # -- httptools callbacks ------------------------------------------------------------------
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self._headers.append((name.lower(), value))
+        name = name.lower()
+        if name in HOP_BY_HOP:
+            self.hop_by_hop = True
+        self._headers.append((name, value))
 
     def on_headers_complete(self) -> None:
         status = self.parser.get_status_code()
@@ -222,6 +229,7 @@ class Connection(asyncio.Protocol):
         self._sent = False
         self._reuse = True
         self._keep_alive = False
+        self.hop_by_hop = False
 
     @property
     def reusable(self) -> bool:
