@@ -279,8 +279,14 @@ def start_server(spec: AppSpec, pin: bool, profile_dir: Path | None) -> None:
     if profile_dir is not None and spec.app == "retrysafe":
         env["BENCH_PROFILE"] = str(profile_dir / f"{spec.label.replace('/', '-')}.prof")
     spec.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdin=subprocess.DEVNULL)
-    deadline = time.monotonic() + 20
+    wait_ready(spec, 20)
+
+
+def wait_ready(spec: AppSpec, seconds: float) -> None:
+    """Wait until the server answers a plain ``POST /orders`` with ``201``."""
+    deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
+        assert spec.proc is not None
         if spec.proc.poll() is not None:
             raise RuntimeError(f"{spec.label} exited with {spec.proc.returncode} at start")
         try:
@@ -291,7 +297,7 @@ def start_server(spec: AppSpec, pin: bool, profile_dir: Path | None) -> None:
         if status != 201:
             raise RuntimeError(f"{spec.label} answered {status} to a plain POST /orders")
         return
-    raise RuntimeError(f"{spec.label} did not start in 20 s")
+    raise RuntimeError(f"{spec.label} did not start in {seconds:g} s")
 
 
 def stop_server(spec: AppSpec) -> None:

@@ -29,13 +29,12 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 import uuid
 from pathlib import Path
 from typing import Any
 
 import run
-from run import AppSpec, http_post, log, median, pids_named, server_cpu
+from run import AppSpec, log, median, pids_named, server_cpu
 
 CONCURRENCY = (1, 32, 128)
 #: (row label, proxy, wrk mode): "direct" and "nginx" are the references.
@@ -108,23 +107,6 @@ def ensure_nginx() -> str | None:
     )
 
 
-def _wait_ready(spec: AppSpec) -> None:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        assert spec.proc is not None
-        if spec.proc.poll() is not None:
-            raise RuntimeError(f"{spec.label} exited with {spec.proc.returncode} at start")
-        try:
-            status, _ = http_post(spec.port, None, timeout=1.0)
-        except OSError:
-            time.sleep(0.1)
-            continue
-        if status != 201:
-            raise RuntimeError(f"{spec.label} answered {status} to a plain POST /orders")
-        return
-    raise RuntimeError(f"{spec.label} did not start in 30 s")
-
-
 def start_proxy(spec: AppSpec, upstream: int) -> None:
     spec.port = run.free_port()
     cmd = [spec.python, "-m", "retrysafe", "proxy", "--listen", f"127.0.0.1:{spec.port}"]
@@ -132,7 +114,7 @@ def start_proxy(spec: AppSpec, upstream: int) -> None:
     cmd += ["--log-level", "warning"]
     env = dict(os.environ, PYTHONPATH=str(run.ROOT / "src"))
     spec.proc = subprocess.Popen(cmd, cwd=run.ROOT, env=env, stdin=subprocess.DEVNULL)
-    _wait_ready(spec)
+    run.wait_ready(spec, 30)
 
 
 def start_nginx(spec: AppSpec, nginx: str, upstream: int, workdir: Path) -> None:
@@ -147,7 +129,7 @@ def start_nginx(spec: AppSpec, nginx: str, upstream: int, workdir: Path) -> None
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    _wait_ready(spec)
+    run.wait_ready(spec, 30)
 
 
 def stop(spec: AppSpec) -> None:
