@@ -3,9 +3,10 @@
 One backend (the bare endpoint of ``bench/apps.py`` under uvicorn, 1 worker), and in front of it,
 each in its own process: ``retrysafe proxy`` on memory, SQLite and Redis (its defaults, with
 ``--log-level warning``: uvicorn's access log at the default ``info`` level costs the proxy
-about 58 us of CPU per request, a line per request), and nginx from Debian's package as a plain reverse proxy (keep-alive upstream, no
-access log): the reference for what forwarding itself costs. wrk (``-t1``) drives, per
-concurrency (1, 32 and 128), interleaved with the backend itself: ``direct X1 X2 direct X3 X4 ...
+about 58 us of CPU per request, a line per request), and nginx from Debian's package as a
+plain reverse proxy (keep-alive upstream, no access log): the reference for what forwarding
+itself costs. wrk (``-t1``) drives, per concurrency (1, 32 and 128), interleaved with the
+backend itself: ``direct X1 X2 direct X3 X4 ...
 direct``; each row's ratio is its req/s over the mean of the two direct runs around it. Rows:
 direct, nginx, the proxy with no key (pure forwarding), a new key per request on each store, and
 replays of one stored key on each store. Around each run the CPU time of the proxy (or nginx),
@@ -370,8 +371,9 @@ def markdown(report: dict[str, Any]) -> list[str]:
         "## retrysafe proxy (sidecar) in front of the bare endpoint",
         "",
         "The backend: the bare endpoint (uvicorn, 1 worker). Proxy: `retrysafe proxy` with its "
-        "defaults (1 worker) and `--log-level warning` (no access log), no core pinning (load generator, proxy and backend share the "
-        "cores). ratio = req/s over direct (the backend alone) measured around it; CPU = "
+        "defaults (1 worker) and `--log-level warning` (no access log), no core pinning (load "
+        "generator, proxy and backend share the cores). ratio = req/s over direct (the backend "
+        "alone) measured around it; CPU = "
         "process CPU per request (utime+stime) of the proxy (or nginx), the backend and the "
         "store server; CPU ratio = direct's backend CPU/req over the sum of those (the ratio "
         "if CPU were all that counted: steadier than req/s when other work shares the machine).",
