@@ -1,6 +1,7 @@
 """The proxy's upstream client: HTTP/1.1 on a pool of keep-alive asyncio connections.
 
-Lean on purpose (the forwarder measured 3-40 times slower on httpx, see docs/design.md): one
+Lean on purpose (a bare httpx forwarder did 145 req/s at 32 connections in front of a backend
+that alone did 12,581, and got slower as concurrency grew; see docs/design.md): one
 :class:`asyncio.Protocol` per connection, responses parsed by ``httptools`` (llhttp, the parser
 uvicorn uses), no per-request objects beyond the head it writes. It does only what forwarding
 needs, and lets the caller act *between* taking a connection and writing the first byte, which
