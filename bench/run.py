@@ -25,7 +25,11 @@ What it does, in order:
    (``pytest bench/test_micro.py --benchmark-only``), and measures the Prometheus hook's cost
    per keyed request in-process (``executed`` + ``settled`` through the middleware's own
    emit), in single-process and multiprocess mode.
-6. Writes ``bench/results/bench-<stamp>.json`` and ``.md`` (date, machine, commit) and prints
+6. Measures ``retrysafe proxy`` in front of the bare endpoint (``bench/sidecar.py``): direct,
+   nginx from Debian's package as a plain reverse proxy, the proxy with no key, a new key and
+   replays on memory, SQLite and Redis, at 1, 32 and 128 connections, with the proxy's and the
+   backend's CPU per request (``--no-proxy`` skips it, ``--proxy-only`` runs only it).
+7. Writes ``bench/results/bench-<stamp>.json`` and ``.md`` (date, machine, commit) and prints
    the Markdown table. Removes every Redis key and PostgreSQL schema it created.
 
 Examples::
@@ -275,8 +279,14 @@ def start_server(spec: AppSpec, pin: bool, profile_dir: Path | None) -> None:
     if profile_dir is not None and spec.app == "retrysafe":
         env["BENCH_PROFILE"] = str(profile_dir / f"{spec.label.replace('/', '-')}.prof")
     spec.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdin=subprocess.DEVNULL)
-    deadline = time.monotonic() + 20
+    wait_ready(spec, 20)
+
+
+def wait_ready(spec: AppSpec, seconds: float) -> None:
+    """Wait until the server answers a plain ``POST /orders`` with ``201``."""
+    deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
+        assert spec.proc is not None
         if spec.proc.poll() is not None:
             raise RuntimeError(f"{spec.label} exited with {spec.proc.returncode} at start")
         try:
@@ -287,7 +297,7 @@ def start_server(spec: AppSpec, pin: bool, profile_dir: Path | None) -> None:
         if status != 201:
             raise RuntimeError(f"{spec.label} answered {status} to a plain POST /orders")
         return
-    raise RuntimeError(f"{spec.label} did not start in 20 s")
+    raise RuntimeError(f"{spec.label} did not start in {seconds:g} s")
 
 
 def stop_server(spec: AppSpec) -> None:
@@ -744,6 +754,10 @@ def markdown(report: dict[str, Any]) -> str:
                 f"| {fmt(r['client_cpu_ratio'], '.2f')} | {r['non2xx']} | {note} |"
             )
         lines.append("")
+    if report.get("sidecar"):
+        import sidecar
+
+        lines += sidecar.markdown(report["sidecar"])
     if report["versus_peers"]:
         lines += [
             "## retrysafe/redis against the peers (same Redis, same endpoint)",
@@ -947,6 +961,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--reinstall-peers", action="store_true")
     parser.add_argument("--no-micro", action="store_true", help="skip the micro-benchmarks")
     parser.add_argument("--micro-only", action="store_true")
+    parser.add_argument("--no-proxy", action="store_true", help="skip the sidecar proxy runs")
+    parser.add_argument("--proxy-only", action="store_true", help="run only the sidecar proxy")
     parser.add_argument("--client", choices=("auto", "wrk", "python"), default="auto")
     parser.add_argument("--no-pin", action="store_true", help="do not pin to cores 0 and 1")
     parser.add_argument(
@@ -963,6 +979,38 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=os.environ.get("BENCH_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"),
     )
     return parser.parse_args(argv)
+
+
+def measure_sidecar(args: argparse.Namespace, client: str | None) -> dict[str, Any]:
+    """The sidecar proxy's runs (``bench/sidecar.py``)."""
+    import sidecar
+
+    redis_url = None if redis_reachable(args.redis_url) else args.redis_url
+    return sidecar.run_sidecar(
+        client,
+        duration=args.duration,
+        repeat=args.repeat,
+        warmup=args.warmup,
+        redis_url=redis_url,
+    )
+
+
+def proxy_only(args: argparse.Namespace, client: str | None, started: Any, stamp: str) -> int:
+    """``--proxy-only``: the sidecar's runs and report, nothing else."""
+    import sidecar
+
+    report = measure_sidecar(args, client)
+    meta = (
+        f"# retrysafe proxy benchmark, {started.strftime('%Y-%m-%d %H:%M UTC')}\n\n"
+        f"- machine: {os.cpu_count()} cores, {cpu_model()}; Python {platform.python_version()}\n"
+        f"- commit: {git_commit()}; load: wrk -t1, {args.duration} s per run, "
+        f"{args.repeat} rounds\n\n"
+    )
+    md = meta + "\n".join(sidecar.markdown(report))
+    (RESULTS / f"bench-proxy-{stamp}.json").write_text(json.dumps(report, indent=2))
+    (RESULTS / f"bench-proxy-{stamp}.md").write_text(md)
+    print(md)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1017,6 +1065,8 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     client_name = "wrk 4 (-t1)" if client else "bench/loadgen.py (asyncio raw sockets)"
     log(f"load generator: {client_name}")
+    if args.proxy_only:
+        return proxy_only(args, client, started, stamp)
 
     tmpdir = Path(tempfile.mkdtemp(prefix="retrysafe-bench-"))
     profile_dir = RESULTS / f"profile-{stamp}" if args.profile == "cprofile" else None
@@ -1238,6 +1288,9 @@ def main(argv: list[str] | None = None) -> int:
                 log(f"dropped PostgreSQL schema {pg_schema}")
         shutil.rmtree(tmpdir, ignore_errors=True)
 
+    sidecar_report = None
+    if not args.no_proxy:
+        sidecar_report = measure_sidecar(args, client)
     if not args.no_micro:
         micro = run_micro(stamp, available, env_urls)
     hook_cost = metrics_hook_cost()
@@ -1276,6 +1329,7 @@ def main(argv: list[str] | None = None) -> int:
         "metrics_hook_us": hook_cost,
         "inprocess_us": inprocess,
         "runs": runs,
+        "sidecar": sidecar_report,
     }
     md = markdown(report)
     (RESULTS / f"bench-{stamp}.json").write_text(json.dumps(report, indent=2))

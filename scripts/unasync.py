@@ -62,12 +62,69 @@ DJANGO_VIEW_RULES: Rules = [
     (r"\bawait ", ""),
 ]
 
+
+def _client_rules(module: str, *rules: tuple[str, str]) -> Rules:
+    """Rules of a module of the client's ``_async/``: its docstring's pointer, ``rules``, then
+    the ``Awaitable`` annotations, ``aclose`` and ``async``/``await`` that every one of them has."""
+    return [
+        (
+            rf"The sync twin, ``_sync/{module}\.py``, is generated from this file by",
+            f"This file is generated from ``_async/{module}.py`` by",
+        ),
+        (
+            r"\(``make lint`` checks it is up to date\): edit this file,",
+            "(``make lint`` checks it): edit that file,",
+        ),
+        *rules,
+        (r"\bAwaitable, ", ""),
+        (r"Awaitable\[(\w+)\]", r"\1"),
+        (r"\baclose\b", "close"),
+        (r"\basync def\b", "def"),
+        (r"\bawait ", ""),
+    ]
+
+
+#: The retry loop, shared by the sync httpx transport and the requests adapter.
+CLIENT_RETRY_RULES = _client_rules(
+    "retry",
+    (r'^"""The async retry loop:', '"""The sync retry loop:'),
+    (r"^import asyncio\n", ""),
+    (r"\bAsyncAnswer\b", "Answer"),
+    (
+        r"(\n +)# A durable \(fsynced\) write: off the event loop\.\n +"
+        r"await asyncio\.to_thread\(call\.operation\.finish, status\)",
+        r"\1call.operation.finish(status)",
+    ),
+)
+
+#: The httpx transport.
+CLIENT_TRANSPORT_RULES = _client_rules(
+    "transport",
+    (r'^"""The async httpx transport', '"""The sync httpx transport'),
+    (r"^import asyncio$", "import time"),
+    (r"\basyncio\.sleep\b", "time.sleep"),
+    (r"\bAsyncRetryingTransport\b", "RetryingTransport"),
+    (r"\bhttpx\.Async(BaseTransport|HTTPTransport|Client)\b", r"httpx.\1"),
+    (r"\bhandle_async_request\b", "handle_request"),
+    (r"\baread\b", "read"),
+)
+
 FILES: list[tuple[str, str, Rules]] = [
     ("src/retrysafe/_async/runner.py", "src/retrysafe/_sync/runner.py", RUNNER_RULES),
     (
         "src/retrysafe/contrib/django/_async_view.py",
         "src/retrysafe/contrib/django/_sync_view.py",
         DJANGO_VIEW_RULES,
+    ),
+    (
+        "src/retrysafe/client/_async/retry.py",
+        "src/retrysafe/client/_sync/retry.py",
+        CLIENT_RETRY_RULES,
+    ),
+    (
+        "src/retrysafe/client/_async/transport.py",
+        "src/retrysafe/client/_sync/transport.py",
+        CLIENT_TRANSPORT_RULES,
     ),
 ]
 

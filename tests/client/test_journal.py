@@ -188,3 +188,29 @@ def test_any_journal_with_claim_and_finish_binds_keys() -> None:
     assert journal.finished == {"checkout-7": 201}
     with pytest.raises(ConfigurationError):
         Operation.open(journal, "")
+
+
+def test_a_journal_truncated_to_zero_bytes_is_refused_not_started_over(tmp_path: Path) -> None:
+    path = tmp_path / "j.db"
+    journal = SQLiteJournal(path)
+    first = journal.operation("checkout-1")
+    journal.close()
+    path.write_bytes(b"")  # truncated (a bad copy, a full disk, `: > j.db`)
+    rerun = SQLiteJournal(path)
+    with pytest.raises(ConfigurationError, match="empty: it was truncated or replaced"):
+        rerun.operation("checkout-1")
+    rerun.close()
+    assert path.read_bytes() == b""  # left as found, for the operator
+    # Deleting it is the way to start over.
+    path.unlink()
+    fresh = SQLiteJournal(path)
+    assert fresh.operation("checkout-1").key != first.key
+    fresh.close()
+
+
+def test_a_new_journal_appears_whole_and_leaves_no_staging_files(tmp_path: Path) -> None:
+    journal = SQLiteJournal(tmp_path / "j.db")
+    journal.claim("op", "k")
+    journal.close()
+    assert (tmp_path / "j.db").stat().st_size > 0
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []

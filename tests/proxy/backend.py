@@ -12,7 +12,7 @@ Routes:
         ``cut=1`` (with ``size``) exit half-way through that body.
     POST /upload: one effect with the body's size and SHA-256 (chunked bodies understood).
     any /echo: the request line and headers as received; the answer carries hop-by-hop fields.
-    GET /health: 200.
+    GET /health: 200 (HEAD: its head, no body).
 """
 
 from __future__ import annotations
@@ -89,6 +89,16 @@ class Handler(BaseHTTPRequestHandler):
             self._echo(b"")
         else:
             self._send(404, b'{"error":"not found"}')
+
+    def do_HEAD(self) -> None:
+        # The head of GET /health: a Content-Length and no body (RFC 9110 section 9.3.2).
+        if urlsplit(self.path).path == "/health":
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", "11")
+            self.end_headers()
+        else:
+            self._send(404, b"")
 
     def do_POST(self) -> None:
         parts = urlsplit(self.path)

@@ -69,6 +69,17 @@ class Process:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
+    def exited(self, timeout: float = 5.0) -> bool:
+        """Whether the process ends within ``timeout`` (its sockets close a moment before its
+        exit is visible, so a peer can see the connection drop before ``alive()`` turns)."""
+        if self.proc is None:
+            return True
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
+
     def kill(self) -> None:
         """SIGKILL the process: a crash, no clean-up runs."""
         if self.alive():

@@ -182,6 +182,60 @@ def test_keys_are_scoped_by_the_principal_header(
     assert sorted(e["authorization"] for e in effects) == ["Bearer alice", "Bearer bob"]
 
 
+def test_api_keys_that_differ_only_in_case_never_share_a_record(
+    module_processes: Processes, backend: Backend, store_url: str, client: httpx.Client
+) -> None:
+    by_api_key = module_processes.proxy(backend.url, store_url, "--principal-header", "X-Api-Key")
+    try:
+        key = new_key()
+        url = by_api_key.url + "/orders"
+        first = client.post(url, content=b"t", headers=keyed(key, **{"X-Api-Key": "KeyAbC-x"}))
+        other = client.post(url, content=b"t", headers=keyed(key, **{"X-Api-Key": "keyabc-x"}))
+    finally:
+        by_api_key.stop()
+    assert first.status_code == other.status_code == 201
+    assert "idempotency-replayed" not in other.headers  # forwarded, not the first tenant's 201
+    assert len(backend.effects(key=f'"{key}"')) == 2
+
+
+def test_a_bare_authorization_token_is_compared_exactly(
+    proxy: Proxy, backend: Backend, client: httpx.Client
+) -> None:
+    key = new_key()
+    first = client.post(
+        proxy.url + "/orders", content=b"b", headers=keyed(key, Authorization="KeyAbC-x")
+    )
+    other = client.post(
+        proxy.url + "/orders", content=b"b", headers=keyed(key, Authorization="keyabc-x")
+    )
+    same = client.post(
+        proxy.url + "/orders", content=b"b", headers=keyed(key, Authorization="KeyAbC-x")
+    )
+    assert "idempotency-replayed" not in other.headers
+    assert same.headers["idempotency-replayed"] == "true" and same.content == first.content
+    assert len(backend.effects(key=f'"{key}"')) == 2
+
+
+@pytest.mark.parametrize(
+    ("one", "other"),
+    [("/orders/a%2Fb", "/orders/a/b"), ("/orders/x%FF", "/orders/x%FE")],
+    ids=["encoded-slash", "invalid-utf8"],
+)
+def test_raw_paths_the_upstream_tells_apart_never_share_a_record(
+    proxy: Proxy, backend: Backend, one: str, other: str
+) -> None:
+    key = new_key()
+    with httpx.Client(timeout=10.0) as raw_client:
+        first = raw_client.post(httpx.URL(proxy.url + one), content=b"p", headers=keyed(key))
+        second = raw_client.post(httpx.URL(proxy.url + other), content=b"p", headers=keyed(key))
+        again = raw_client.post(httpx.URL(proxy.url + one), content=b"p", headers=keyed(key))
+    assert first.status_code == second.status_code == 201
+    assert "idempotency-replayed" not in second.headers
+    assert again.headers["idempotency-replayed"] == "true" and again.content == first.content
+    paths = sorted(e["path"] for e in backend.effects(key=f'"{key}"'))
+    assert paths == sorted([one, other])  # the upstream got each raw path, once
+
+
 async def test_20_concurrent_same_key_requests_across_processes_forward_once(
     proxy: Proxy, trusting_proxy: Proxy, backend: Backend
 ) -> None:
@@ -313,6 +367,26 @@ def test_streamed_request_bodies_reach_the_backend_whole(
     assert again.headers["idempotency-replayed"] == "true"
     assert first.json()["sha256"] == hashlib.sha256(small).hexdigest()
     assert len(backend.effects(key=f'"{key}"')) == 1
+
+
+def test_a_large_body_with_content_length_streams_through_whole(
+    proxy: Proxy, client: httpx.Client
+) -> None:
+    blob = bytes(range(256)) * 8192  # 2 MiB with Content-Length: the server delivers it in parts
+    answer = client.post(proxy.url + "/upload", content=blob)
+    assert answer.status_code == 201
+    assert answer.json()["sha256"] == hashlib.sha256(blob).hexdigest()
+
+
+def test_head_answers_end_at_their_head_and_the_next_request_is_served(
+    proxy: Proxy, client: httpx.Client
+) -> None:
+    for _ in range(3):  # a HEAD answer's Content-Length has no body behind it
+        head = client.head(proxy.url + "/health")
+        assert head.status_code == 200
+        assert head.headers["content-length"] == "11"
+        assert head.content == b""
+    assert client.post(proxy.url + "/orders", content=b"after-head").status_code == 201
 
 
 def test_a_response_over_the_stored_limit_streams_whole_and_replays_without_body(

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from retrysafe import ConfigurationError, IdempotencyConfig
+from retrysafe._core.scope import authorization_scope
 from retrysafe.cli import main
 from retrysafe.proxy import ProxySettings, RoutePolicy, header_scope_resolver, load_settings
 
@@ -108,6 +109,28 @@ def test_principal_header_scopes_by_its_value_and_is_global_without_it() -> None
     bob = resolve({"headers": [(b"x-api-key", b"bob")]})
     assert alice and bob and alice != bob
     assert resolve({"headers": [(b"authorization", b"alice")]}) == ""
+
+
+@pytest.mark.parametrize("header", ["X-Api-Key", "Authorization"])
+def test_an_api_key_in_the_principal_header_is_compared_exactly(header: str) -> None:
+    resolve = header_scope_resolver(header)
+    name = header.lower().encode()
+    upper = resolve({"headers": [(name, b"KeyAbC-x")]})
+    lower = resolve({"headers": [(name, b"keyabc-x")]})
+    assert upper and lower and upper != lower
+    # `retrysafe resolve --authorization VALUE` finds such a key whatever the header.
+    assert upper == authorization_scope(b"KeyAbC-x")
+
+
+def test_only_the_authorization_scheme_is_case_folded() -> None:
+    by_authorization = header_scope_resolver("Authorization")
+    assert by_authorization({"headers": [(b"authorization", b"Bearer abc")]}) == (
+        by_authorization({"headers": [(b"authorization", b"bearer abc")]})
+    )
+    by_api_key = header_scope_resolver("X-Api-Key")
+    assert by_api_key({"headers": [(b"x-api-key", b"Bearer abc")]}) != (
+        by_api_key({"headers": [(b"x-api-key", b"bearer abc")]})
+    )
 
 
 @pytest.mark.parametrize(

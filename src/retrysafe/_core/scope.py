@@ -8,22 +8,37 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .request import Request
 
-__all__ = ["authorization_scope", "default_principal", "user_scope"]
+__all__ = ["authorization_scope", "credential_scope", "default_principal", "user_scope"]
 
 
 def authorization_scope(authorization: bytes | str | None) -> str:
     """Scope from an ``Authorization`` header value: a hash of it, or global when absent.
 
-    The value is normalized as RFC 9110 section 11.4 allows, so that equal credentials give one
-    scope: the auth scheme is case-insensitive, and the run of spaces between the scheme and the
-    credentials is one separator.
+    The value is normalized only as RFC 9110 section 11.4 allows, so that equal credentials give
+    one scope: the auth scheme is case-insensitive, and the run of spaces between the scheme and
+    the credentials is one separator. The credentials are compared byte for byte. A value with
+    no space (a bare token: an API key sent without a scheme) is compared exactly too: it may be
+    a secret whose case matters, and two values that differ must never share records.
     """
     if not authorization:
         return ""
     raw = authorization.encode("latin-1") if isinstance(authorization, str) else authorization
     scheme, _, credentials = raw.strip(b" \t").partition(b" ")
-    normalized = scheme.lower() + b" " + credentials.lstrip(b" ") if credentials else raw.lower()
+    normalized = scheme.lower() + b" " + credentials.lstrip(b" ") if credentials else scheme
     return "auth:" + hashlib.sha256(normalized).hexdigest()
+
+
+def credential_scope(value: bytes | str | None) -> str:
+    """Scope from the value of a header that carries a credential (an API key): a hash of the
+    value exactly as sent, or global when absent.
+
+    For a value without spaces this is :func:`authorization_scope` of the same value, so
+    ``retrysafe resolve --authorization '<value>'`` finds such a key.
+    """
+    if not value:
+        return ""
+    raw = value.encode("latin-1") if isinstance(value, str) else value
+    return "auth:" + hashlib.sha256(raw).hexdigest()
 
 
 def user_scope(user: Any) -> str | None:

@@ -29,8 +29,9 @@ from ._policy import (
 )
 
 if typing.TYPE_CHECKING:
-    from ._httpx import AsyncRetryingTransport, RetryingTransport
+    from ._async.transport import AsyncRetryingTransport
     from ._requests import RetryingAdapter
+    from ._sync.transport import RetryingTransport
 
 __all__ = [
     "IDEMPOTENT_METHODS",
@@ -57,8 +58,8 @@ __all__ = [
 
 # name -> (module, the library it needs, the extra that installs it)
 _LAZY = {
-    "AsyncRetryingTransport": ("._httpx", "httpx", "httpx"),
-    "RetryingTransport": ("._httpx", "httpx", "httpx"),
+    "AsyncRetryingTransport": ("._async.transport", "httpx", "httpx"),
+    "RetryingTransport": ("._sync.transport", "httpx", "httpx"),
     "RetryingAdapter": ("._requests", "requests", "requests"),
 }
 

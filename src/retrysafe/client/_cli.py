@@ -64,7 +64,7 @@ def run_request(args: argparse.Namespace) -> int:
     try:
         import httpx
 
-        from ._httpx import RetryingTransport
+        from ._sync.transport import RetryingTransport
     except ImportError:
         return _fail("the request command needs httpx: pip install 'retrysafe[httpx]'", 2)
     headers: dict[str, str] = {}

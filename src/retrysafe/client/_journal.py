@@ -13,6 +13,7 @@ transport or adapter carries that key.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import os
 import sqlite3
@@ -213,23 +214,51 @@ class SQLiteJournal:
         # Lazily, so constructing a journal (e.g. at import time of a script) touches no disk.
         if self._conn is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            conn = sqlite3.connect(
-                self.path, timeout=self.busy_timeout, isolation_level=None, check_same_thread=False
-            )
-            conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout * 1000)}")
-            conn.execute("PRAGMA journal_mode = WAL")
-            conn.execute("PRAGMA synchronous = FULL")
-            conn.execute(
-                "CREATE TABLE IF NOT EXISTS retrysafe_operations ("
-                " operation_id TEXT PRIMARY KEY,"
-                " key TEXT NOT NULL,"
-                " created_at REAL NOT NULL,"
-                " finished_at REAL,"
-                " status INTEGER)"
-            )
-            self._conn = conn
-            self._prune(conn)
+            if not self.path.exists():
+                self._create()
+            if self.path.stat().st_size == 0:
+                # A journal only ever appears complete (see _create), so an empty file is one
+                # that was truncated or replaced: the keys of unfinished operations are gone,
+                # and starting over would resend them with new keys (a second order).
+                raise ConfigurationError(
+                    f"the operation journal {os.fspath(self.path)!r} is empty: it was "
+                    "truncated or replaced, and the keys of unfinished operations are lost. "
+                    "Restore it from a backup, or delete the file to start a new journal once "
+                    "you know no operation it held is unfinished."
+                )
+            self._conn = self._open(self.path)
+            self._prune(self._conn)
         return self._conn
+
+    def _open(self, path: Path) -> sqlite3.Connection:
+        conn = sqlite3.connect(
+            path, timeout=self.busy_timeout, isolation_level=None, check_same_thread=False
+        )
+        conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout * 1000)}")
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("PRAGMA synchronous = FULL")
+        conn.execute(
+            "CREATE TABLE IF NOT EXISTS retrysafe_operations ("
+            " operation_id TEXT PRIMARY KEY,"
+            " key TEXT NOT NULL,"
+            " created_at REAL NOT NULL,"
+            " finished_at REAL,"
+            " status INTEGER)"
+        )
+        return conn
+
+    def _create(self) -> None:
+        """Make a new journal appear whole: built beside it, then linked into place, so no
+        process ever sees (or leaves, when killed) an empty file under the journal's name."""
+        staging = self.path.with_name(f".{self.path.name}.{uuid.uuid4().hex}.new")
+        try:
+            self._open(staging).close()
+            # FileExistsError: another process created it first, and theirs is whole too.
+            with contextlib.suppress(FileExistsError):
+                os.link(staging, self.path)
+        finally:
+            for leftover in (staging, Path(f"{staging}-wal"), Path(f"{staging}-shm")):
+                leftover.unlink(missing_ok=True)
 
     def claim(self, operation_id: str, key: str) -> str:
         """Bind ``key`` to ``operation_id`` unless one is bound; see :meth:`Journal.claim`."""

@@ -20,6 +20,7 @@ from urllib3.exceptions import NewConnectionError
 from .._core.errors import ConfigurationError
 from ._journal import current_operation
 from ._policy import Failure, RetryPolicy
+from ._sync.retry import send_with_retries
 
 __all__ = ["RetryingAdapter"]
 
@@ -102,39 +103,28 @@ class RetryingAdapter(HTTPAdapter):
         )
         if call.header_to_add is not None:
             request.headers[_KEY_HEADER] = call.header_to_add
-        while True:
-            call.attempt()
-            try:
-                response = super().send(
-                    request,
-                    stream=stream,
-                    timeout=timeout,
-                    verify=verify,
-                    cert=cert,
-                    proxies=dict(proxies) if proxies is not None else None,
-                )
-                if not stream or call.wants_body(response.status_code):
-                    response.content  # noqa: B018 - read now, so a mid-body failure is retried
-            except requests.RequestException as exc:
-                decision = call.on_error(classify(exc), type(exc).__name__)
-                if decision.action == "retry":
-                    self._sleep(decision.delay)
-                    continue
-                if decision.error is not None:
-                    raise decision.error from exc
-                raise
-            body = response.content if call.wants_body(response.status_code) else None
-            headers = {name.lower(): value for name, value in response.headers.items()}
-            decision = call.on_response(response.status_code, headers, body)
-            if decision.action == "retry":
-                response.close()
-                self._sleep(decision.delay)
-                continue
-            if decision.error is not None:
-                response.close()
-                raise decision.error
-            # requests.Response has no extensions; retry_info() reads this attribute.
-            response.retrysafe = call.info()  # type: ignore[attr-defined]
-            if decision.settled and call.operation is not None:
-                call.operation.finish(response.status_code)
+
+        def attempt() -> requests.Response:
+            response = HTTPAdapter.send(
+                self,
+                request,
+                stream=stream,
+                timeout=timeout,
+                verify=verify,
+                cert=cert,
+                proxies=dict(proxies) if proxies is not None else None,
+            )
+            if not stream or call.wants_body(response.status_code):
+                response.content  # noqa: B018 - read now, so a mid-body failure is retried
             return response
+
+        response = send_with_retries(
+            call,
+            attempt,
+            errors=requests.RequestException,
+            classify=classify,
+            sleep=self._sleep,
+        )
+        # requests.Response has no extensions; retry_info() reads this attribute.
+        response.retrysafe = call.info()  # type: ignore[attr-defined]
+        return response

@@ -4,7 +4,7 @@ The app is three layers, outermost first::
 
     _Front           /-/healthz and /-/readyz (never forwarded); picks the route's policy
     IdempotencyMiddleware (one per route policy, all on one store)
-    UpstreamProxy    forwards with one pooled httpx.AsyncClient per process
+    UpstreamProxy    forwards over a pool of keep-alive HTTP/1.1 connections per process
 
 An upstream that got the request and then gave no answer (read timeout, reset, killed) may have
 done the work, so the proxy marks the key committed (:func:`retrysafe.mark_committed`) just before

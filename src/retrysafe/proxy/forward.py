@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, MutableMapping
+import ssl
+from collections.abc import Awaitable, Callable, MutableMapping
 from typing import TYPE_CHECKING, Any
+from urllib.parse import quote, urlsplit
 
 from .._core.errors import ConfigurationError
 from .._core.problems import render_problem
@@ -13,7 +15,7 @@ from .._core.transaction import CONTEXT_SCOPE_KEY, mark_committed, outcome_known
 from .settings import ProxySettings
 
 if TYPE_CHECKING:
-    import httpx
+    from .upstream import Connection, Pool, UpstreamError
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Any]]
@@ -49,8 +51,8 @@ _FORWARDING: frozenset[bytes] = frozenset(
 _KEEPALIVE_EXPIRY = 2.0
 
 
-class _MarkFailed(Exception):
-    """The store could not record the mark: the request must not leave."""
+#: Methods whose empty body is sent without ``Content-Length`` (RFC 9110 section 8.6).
+_NO_BODY_METHODS = frozenset({b"GET", b"HEAD", b"DELETE", b"OPTIONS", b"TRACE", b"CONNECT"})
 
 
 class _ClientGone(Exception):
@@ -64,53 +66,50 @@ class UpstreamProxy:
         settings: the proxy settings.
 
     Raises:
-        ConfigurationError: httpx is not installed.
+        ConfigurationError: httptools is not installed.
     """
 
     def __init__(self, settings: ProxySettings) -> None:
         try:
-            import httpx
+            from .upstream import Pool, UpstreamError
         except ImportError as exc:  # pragma: no cover - the extra is installed in tests
             raise ConfigurationError(
                 f"retrysafe proxy needs: pip install 'retrysafe[proxy]' ({exc})"
             ) from exc
-        # Kept as attributes: httpx stays an optional import of this module.
-        self._request_cls: type[httpx.Request] = httpx.Request
-        self._client_cls: type[httpx.AsyncClient] = httpx.AsyncClient
-        self._http_error: type[httpx.HTTPError] = httpx.HTTPError
-        self._timeout_error: type[httpx.TimeoutException] = httpx.TimeoutException
+        self._pool_cls = Pool
+        self._error: type[UpstreamError] = UpstreamError
         self.settings = settings
-        upstream = httpx.URL(settings.upstream)
-        self._origin = upstream.copy_with(raw_path=b"/")
-        self._base_path = upstream.raw_path.rstrip(b"/")
-        self._timeout = httpx.Timeout(
-            settings.upstream_timeout,
-            connect=settings.connect_timeout,
-            pool=settings.connect_timeout,
-        )
-        self._limits = httpx.Limits(
-            max_connections=settings.max_connections,
-            max_keepalive_connections=settings.max_connections,
-            keepalive_expiry=_KEEPALIVE_EXPIRY,
-        )
-        self._client: httpx.AsyncClient | None = None
+        parts = urlsplit(settings.upstream)
+        self._host = parts.hostname or ""
+        self._port = parts.port or (443 if parts.scheme == "https" else 80)
+        self._tls = parts.scheme == "https"
+        self._host_header = parts.netloc.rpartition("@")[2].encode("ascii")
+        self._base_path = quote(parts.path, safe="/:@!$&'()*+,;=%~").rstrip("/").encode("ascii")
+        self._pool: Pool | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
-    def client(self) -> httpx.AsyncClient:
-        """The pooled client of the running event loop (one per worker process)."""
+    def pool(self) -> Pool:
+        """The connection pool of the running event loop (one per worker process)."""
         loop = asyncio.get_running_loop()
-        if self._client is None or self._loop is not loop:
-            self._client = self._client_cls(
-                timeout=self._timeout, limits=self._limits, follow_redirects=False
+        if self._pool is None or self._loop is not loop:
+            settings = self.settings
+            self._pool = self._pool_cls(
+                self._host,
+                self._port,
+                tls=ssl.create_default_context() if self._tls else None,
+                max_connections=settings.max_connections,
+                connect_timeout=settings.connect_timeout,
+                timeout=settings.upstream_timeout,
+                keepalive_expiry=_KEEPALIVE_EXPIRY,
             )
             self._loop = loop
-        return self._client
+        return self._pool
 
     async def aclose(self) -> None:
         """Close the pooled connections."""
-        client, self._client = self._client, None
-        if client is not None:
-            await client.aclose()
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            await pool.aclose()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -118,114 +117,148 @@ class UpstreamProxy:
         message = await receive()
         if message["type"] == "http.disconnect":
             return
-        first: bytes = message.get("body", b"")
-        content: bytes | AsyncIterator[bytes] = first
-        if message.get("more_body", False):
-            content = _stream_body(first, receive)
-        raw_path: bytes = scope.get("raw_path") or scope["path"].encode("utf-8")
-        query: bytes = scope.get("query_string", b"")
-        request = self._request_cls(
-            scope["method"],
-            self._origin.copy_with(
-                raw_path=self._base_path + raw_path + (b"?" + query if query else b"")
-            ),
-            headers=self._request_headers(scope),
-            content=content,
-        )
+        body: bytes = message.get("body", b"")
+        streamed = message.get("more_body", False)
+        head, chunked = self._request_head(scope, body, streamed)
         protected = scope.get(CONTEXT_SCOPE_KEY) is not None
-        mark = protected and self.settings.on_ambiguous == "unknown"
-        sent = False
-
-        async def trace(event: str, info: Mapping[str, Any]) -> None:
-            # httpx's documented "trace" request extension; the event names are httpcore's
-            # (tests/proxy kill upstreams and proxies to catch a rename).
-            nonlocal sent
-            if event.endswith(".send_request_headers.started"):
-                # The last moment before the upstream may see the request: mark first, so that
-                # not even a SIGKILL of this process can lead to a second forward.
-                if mark and not await mark_committed(scope):
-                    raise _MarkFailed
-                sent = True
-
-        request.extensions["trace"] = trace
+        pool = self.pool()
         try:
-            response = await self.client().send(request, stream=True)
-        except _MarkFailed:
-            outcome_known(scope)  # nothing was sent: release the key
-            await _problem(
-                send,
-                "idempotency-store-unavailable",
-                "The idempotency store cannot be reached; the request was not forwarded.",
-                retry_after=1,
-            )
+            conn = await pool.acquire()
+        except self._error as exc:
+            await self._failed(send, exc, sent=False, protected=protected)
             return
+        sent = False
+        try:
+            conn.start(head_request=scope["method"] == "HEAD")
+            # The last moment before the upstream may see the request: mark first, so that not
+            # even a SIGKILL of this process can lead to a second forward.
+            mark = protected and self.settings.on_ambiguous == "unknown"
+            if mark and not await mark_committed(scope):
+                pool.release(conn)  # unused: still clean
+                outcome_known(scope)  # nothing was sent: release the key
+                await _problem(
+                    send,
+                    "idempotency-store-unavailable",
+                    "The idempotency store cannot be reached; the request was not forwarded.",
+                    retry_after=1,
+                )
+                return
+            # send() raises before writing anything on a connection already lost.
+            conn.send(head + body if not streamed else head)
+            sent = True
+            if streamed:
+                await _stream_body(conn, body, receive, chunked=chunked)
+            status, headers = await conn.response_head()
         except _ClientGone:
+            conn.close()
+            pool.release(conn)
             return
-        except self._http_error as exc:
+        except self._error as exc:
+            conn.close()
+            pool.release(conn)
+            if not sent:
+                outcome_known(scope)  # marked, but nothing left: the 502 releases the key
             await self._failed(send, exc, sent=sent, protected=protected)
             return
+        except BaseException:
+            conn.close()
+            pool.release(conn)
+            raise
         try:
             await send(
                 {
                     "type": "http.response.start",
-                    "status": response.status_code,
-                    "headers": _strip_hop_by_hop(response.headers.raw),
+                    "status": status,
+                    "headers": _strip_hop_by_hop(headers) if conn.hop_by_hop else headers,
                 }
             )
-            async for chunk in response.aiter_raw():
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        except self._http_error as exc:
+            if not conn.complete:
+                async for chunk in conn.response_body():
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            rest = conn.take_body()
+        except self._error as exc:
             # The status line has left: the client sees a cut-off response (uvicorn closes the
             # connection) and the key stays marked, so a retry is told the outcome is unknown.
+            conn.close()
+            pool.release(conn)
             logger.warning(
                 "upstream answer to %s %s broke off: %r", scope["method"], scope["path"], exc
             )
             return
         except OSError:
+            conn.close()
+            pool.release(conn)
             return  # the client went away (unprotected request: nothing to capture)
-        finally:
-            await response.aclose()
+        except BaseException:
+            conn.close()
+            pool.release(conn)
+            raise
+        pool.release(conn)
         outcome_known(scope)  # a full answer: its status decides, not the mark
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        await send({"type": "http.response.body", "body": rest, "more_body": False})
 
-    def _request_headers(self, scope: Scope) -> list[tuple[bytes, bytes]]:
+    def _request_head(self, scope: Scope, body: bytes, streamed: bool) -> tuple[bytes, bool]:
+        """The request line and header fields for the upstream, ending with the blank line, and
+        whether the body goes chunked. One pass over the client's header fields: hop-by-hop
+        ones (and those ``Connection`` names) dropped, ``Host`` replaced by the upstream's,
+        ``Content-Length`` set from the body, the forwarding fields added."""
+        raw_path: bytes = scope.get("raw_path") or scope["path"].encode("utf-8")
+        query: bytes = scope.get("query_string", b"")
+        method: bytes = scope["method"].encode("ascii")
+        parts = [method, b" ", self._base_path, raw_path]
+        if query:
+            parts += [b"?", query]
+        parts += [b" HTTP/1.1\r\nhost: ", self._host_header]
         raw_headers: list[tuple[bytes, bytes]] = scope["headers"]
-        trust = self.settings.trust_forwarded
         dropped = _connection_tokens(raw_headers)
-        headers: list[tuple[bytes, bytes]] = []
-        host = b""
+        trust = self.settings.trust_forwarded
+        length = host = b""
         prior: dict[bytes, list[bytes]] = {}
         for name, value in raw_headers:
-            if name in HOP_BY_HOP or name in dropped:
+            if name in HOP_BY_HOP or (dropped and name in dropped):
                 continue
-            if name == b"host":
+            if name == b"content-length":
+                length = value
+            elif name == b"host":
                 host = value  # the upstream gets its own Host; the original goes in Forwarded
-                continue
-            if name in _FORWARDING:
+            elif name in _FORWARDING:
                 if trust:
                     prior.setdefault(name, []).append(value)
                     if name == b"x-real-ip":
-                        headers.append((name, value))
-                continue
-            headers.append((name, value))
+                        parts += [b"\r\n", name, b": ", value]
+            else:
+                parts += [b"\r\n", name, b": ", value]
         proto = str(scope.get("scheme", "http")).encode("latin-1")
         client = scope.get("client")
-        node = str(client[0]) if client else "unknown"
-        quoted = f'"[{node}]"' if ":" in node else node
-        element = b"for=" + quoted.encode("latin-1") + b";proto=" + proto
+        node = (str(client[0]) if client else "unknown").encode("latin-1")
+        quoted = b'"[' + node + b']"' if b":" in node else node
+        element = b"for=" + quoted + b";proto=" + proto
         if host:
             element += b';host="' + host.replace(b'"', b"") + b'"'
-        headers.append((b"forwarded", b", ".join([*prior.get(b"forwarded", []), element])))
-        chain = [*prior.get(b"x-forwarded-for", []), node.encode("latin-1")]
-        headers.append((b"x-forwarded-for", b", ".join(chain)))
-        headers.append((b"x-forwarded-proto", prior.get(b"x-forwarded-proto", [proto])[0]))
-        if host or b"x-forwarded-host" in prior:
-            headers.append((b"x-forwarded-host", prior.get(b"x-forwarded-host", [host])[0]))
-        return headers
+        if prior:
+            element = b", ".join([*prior.get(b"forwarded", []), element])
+            node = b", ".join([*prior.get(b"x-forwarded-for", []), node])
+            proto = prior.get(b"x-forwarded-proto", [proto])[0]
+            host = prior.get(b"x-forwarded-host", [host])[0]
+        parts += [b"\r\nforwarded: ", element, b"\r\nx-forwarded-for: ", node]
+        parts += [b"\r\nx-forwarded-proto: ", proto]
+        if host:
+            parts += [b"\r\nx-forwarded-host: ", host]
+        chunked = False
+        if streamed:
+            # The client's own length when it gave one, else chunked (as it arrived).
+            chunked = not length
+            parts.append(
+                b"\r\ntransfer-encoding: chunked" if chunked else b"\r\ncontent-length: " + length
+            )
+        elif body or length or method not in _NO_BODY_METHODS:
+            parts.append(b"\r\ncontent-length: " + str(len(body)).encode("ascii"))
+        parts.append(b"\r\n\r\n")
+        return b"".join(parts), chunked
 
-    async def _failed(self, send: Send, exc: Exception, *, sent: bool, protected: bool) -> None:
+    async def _failed(self, send: Send, exc: UpstreamError, *, sent: bool, protected: bool) -> None:
         """Answer a failed forward with problem+json: 504 for timeouts, else 502."""
-        timeout = isinstance(exc, self._timeout_error)
+        timeout = exc.timeout
         logger.warning("upstream %s failed: %r", "request" if sent else "connection", exc)
         if not sent:
             # Nothing reached the upstream: the middleware releases the key (5xx), so the
@@ -233,13 +266,13 @@ class UpstreamProxy:
             await _problem(
                 send,
                 "upstream-timeout" if timeout else "upstream-unreachable",
-                f"The upstream could not be reached ({type(exc).__name__}); nothing was sent. "
+                f"The upstream could not be reached ({exc}); nothing was sent. "
                 "Retry with the same Idempotency-Key.",
             )
             return
         detail = (
             f"The request was sent to the upstream but no answer came back "
-            f"({type(exc).__name__}): it may have taken effect."
+            f"({exc}): it may have taken effect."
         )
         if protected and self.settings.on_ambiguous == "unknown":
             detail += (
@@ -249,37 +282,44 @@ class UpstreamProxy:
         await _problem(send, "upstream-timeout" if timeout else "upstream-no-answer", detail)
 
 
-async def _stream_body(first: bytes, receive: Receive) -> AsyncIterator[bytes]:
-    """The client's request body, chunk by chunk, as it arrives (never buffered whole)."""
-    if first:
-        yield first
+async def _stream_body(conn: Connection, first: bytes, receive: Receive, *, chunked: bool) -> None:
+    """Send the client's request body as it arrives (never buffered whole), with flow control.
+
+    Stops early when the upstream has answered already (it will not read the rest: the
+    connection is then not reused).
+    """
+    chunk = first
     while True:
+        if chunk:
+            conn.send(b"%x\r\n%b\r\n" % (len(chunk), chunk) if chunked else chunk)
+            await conn.drain()
+        if conn.answered:
+            conn.close_after()
+            return
         message = await receive()
         if message["type"] == "http.disconnect":
             raise _ClientGone
         chunk = message.get("body", b"")
-        if chunk:
-            yield chunk
         if not message.get("more_body", False):
-            return
+            break
+    if chunked:
+        conn.send(b"%x\r\n%b\r\n0\r\n\r\n" % (len(chunk), chunk) if chunk else b"0\r\n\r\n")
+    elif chunk:
+        conn.send(chunk)
 
 
 def _connection_tokens(headers: list[tuple[bytes, bytes]]) -> set[bytes]:
+    # Header names are lower-case on both sides (ASGI's, and the upstream client's).
     tokens: set[bytes] = set()
     for name, value in headers:
-        if name.lower() == b"connection":
+        if name == b"connection":
             tokens.update(t.strip().lower() for t in value.split(b",") if t.strip())
     return tokens
 
 
 def _strip_hop_by_hop(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
     dropped = _connection_tokens(headers)
-    kept = []
-    for name, value in headers:
-        lname = name.lower()
-        if lname not in HOP_BY_HOP and lname not in dropped:
-            kept.append((lname, value))
-    return kept
+    return [(n, v) for n, v in headers if n not in HOP_BY_HOP and n not in dropped]
 
 
 async def _problem(send: Send, slug: str, detail: str, *, retry_after: int | None = None) -> None:

@@ -23,7 +23,7 @@ from .._core.options import (
     seconds,
     text,
 )
-from .._core.scope import authorization_scope
+from .._core.scope import authorization_scope, credential_scope
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Any]]
@@ -230,8 +230,11 @@ def _plain(name: str, value: Any) -> Any:
 def header_scope_resolver(header: str) -> ScopeResolver:
     """Scope keys by the value of one request header (a hash of it; global when absent).
 
-    The hash is the one of the ``Authorization`` default, so ``retrysafe resolve
-    --authorization '<header value>'`` finds a key whatever header is configured.
+    ``Authorization`` is normalized as RFC 9110 allows (the scheme's case, the spaces after
+    it), like the default principal of every front; any other header (an API key) is compared
+    exactly, byte for byte. For a value without spaces both hashes are the same, so
+    ``retrysafe resolve --authorization '<header value>'`` finds a key whatever header is
+    configured.
 
     Args:
         header: the header name, e.g. ``authorization`` or ``x-api-key``.
@@ -240,6 +243,7 @@ def header_scope_resolver(header: str) -> ScopeResolver:
         A ``scope_resolver`` for :class:`~retrysafe.IdempotencyConfig`.
     """
     raw = header.lower().encode("latin-1")
+    scope_of = authorization_scope if raw == b"authorization" else credential_scope
 
     def resolve(request: Any) -> str:
         # Given the ASGI scope today; the neutral request head (``.headers``: byte pairs) once
@@ -248,6 +252,6 @@ def header_scope_resolver(header: str) -> ScopeResolver:
         values = [value for name, value in pairs if name == raw]
         if not values:
             return ""
-        return authorization_scope(values[0] if len(values) == 1 else b", ".join(values))
+        return scope_of(values[0] if len(values) == 1 else b", ".join(values))
 
     return resolve

@@ -102,8 +102,10 @@ def test_different_credentials_are_different_scopes(other: bytes) -> None:
     assert authorization_scope(other) != authorization_scope(b"Bearer abc")
 
 
-def test_a_credential_without_scheme_is_hashed_case_insensitively() -> None:
-    assert authorization_scope(b"TOKEN") == authorization_scope(b"token")
+def test_a_bare_token_without_scheme_is_compared_exactly() -> None:
+    # An API key sent as the whole Authorization value: its case is part of the secret.
+    assert authorization_scope(b"KeyAbC-x") != authorization_scope(b"keyabc-x")
+    assert authorization_scope(b" KeyAbC-x ") == authorization_scope(b"KeyAbC-x")
 
 
 def test_the_raw_credentials_never_appear_in_the_scope() -> None:
