@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Generate the sync runner from the async one (the idea of httpcore's ``scripts/unasync.py``).
 
-    python scripts/unasync.py          # rewrite src/retrysafe/_sync/runner.py
+    python scripts/unasync.py          # rewrite every generated twin (FILES)
     python scripts/unasync.py --check  # exit 1 if it is stale or a rewrite rule matched nothing
 
 Each rule is a regular expression applied to the whole source in order; a rule that matches
@@ -19,7 +19,10 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-FILES = [("src/retrysafe/_async/runner.py", "src/retrysafe/_sync/runner.py")]
+#: (async source, generated target[, its own rules]); a pair without rules of its own uses RULES.
+FILES: list[tuple[str, str] | tuple[str, str, list[tuple[str, str]]]] = [
+    ("src/retrysafe/_async/runner.py", "src/retrysafe/_sync/runner.py"),
+]
 
 RULES: list[tuple[str, str]] = [
     (
@@ -46,6 +49,37 @@ RULES: list[tuple[str, str]] = [
     (r"\bawait ", ""),
 ]
 
+#: OrderHub's data layer (the Flask OrderHub's face of the Starlette/FastAPI one).
+DEMO_HUB_RULES: list[tuple[str, str]] = [
+    (
+        r"for the async apps \(Starlette, FastAPI\)\.$",
+        "for the WSGI app (Flask).",
+    ),
+    (
+        r"The sync twin, ``_sync_hub\.py`` \(Flask\), is generated from this file by",
+        "This file is generated from ``_async_hub.py`` by",
+    ),
+    (
+        r"up to date\): edit this file, then run the script\.",
+        "up to date): edit that file, then run the script.",
+    ),
+    (r"^import asyncio$", "import time"),
+    (r"\basyncio\.sleep\(", "time.sleep("),
+    (
+        r"from \.\._core\.transaction import mark_committed, transaction",
+        "from ..wsgi import mark_committed, transaction",
+    ),
+    (r"scope: the request's ASGI scope", "scope: the request's WSGI environ"),
+    (r"\bopen_async_driver\b", "open_driver"),
+    (r"\bAsyncOrderHub\b", "OrderHub"),
+    (r"\baclose\b", "close"),
+    (r"\basync def\b", "def"),
+    (r"\bawait ", ""),
+]
+FILES.append(
+    ("src/retrysafe/demo/_async_hub.py", "src/retrysafe/demo/_sync_hub.py", DEMO_HUB_RULES)
+)
+
 HEADER = "# Generated from {source} by scripts/unasync.py: do not edit.\n"
 
 
@@ -57,14 +91,20 @@ def _ruff() -> str:
     return found
 
 
-def generate(source: str, text: str, unused: set[str]) -> str:
-    for pattern, replacement in RULES:
+def generate(
+    source: str,
+    text: str,
+    unused: set[str],
+    rules: list[tuple[str, str]] = RULES,
+    label: str = "",
+) -> str:
+    for pattern, replacement in rules:
         text, count = re.subn(pattern, replacement, text, flags=re.MULTILINE)
         if count:
-            unused.discard(pattern)
+            unused.discard(label + pattern)
     text = HEADER.format(source=source) + text
     formatted = subprocess.run(
-        [_ruff(), "format", "--stdin-filename", "runner.py", "-"],
+        [_ruff(), "format", "--stdin-filename", Path(source).name, "-"],
         input=text,
         capture_output=True,
         text=True,
@@ -80,8 +120,12 @@ def main() -> int:
     args = parser.parse_args()
     unused = {pattern for pattern, _ in RULES}
     stale = []
-    for source, target in FILES:
-        wanted = generate(source, (ROOT / source).read_text(), unused)
+    for source, target, *own in FILES:
+        # Rules of a pair's own must each match in that pair (reported as "target: pattern").
+        rules, label = (own[0], f"{target}: ") if own else (RULES, "")
+        if own:
+            unused |= {label + pattern for pattern, _ in rules}
+        wanted = generate(source, (ROOT / source).read_text(), unused, rules, label)
         path = ROOT / target
         if path.exists() and path.read_text() == wanted:
             continue
