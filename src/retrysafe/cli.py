@@ -349,10 +349,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True)
 
+    from .demo.domain import DEFAULT_STORE  # imports no framework
+
     demo = sub.add_parser("demo", help="serve the OrderHub demo")
     demo.add_argument("--host", default="127.0.0.1")
     demo.add_argument("--port", type=int, default=8000)
-    _store_arg(demo, "sqlite:///./retrysafe-demo.db")
+    _store_arg(demo, DEFAULT_STORE)
     demo.add_argument("--db", default=None, help="where orders live (default: the store's db)")
     demo.add_argument("--ttl", type=float, default=24 * 3600.0, help="retention, seconds")
     demo.add_argument(
