@@ -145,19 +145,6 @@ def record(kind: Kind, row: Sequence[Any]) -> dict[str, Any]:
     return dict(zip(kind.columns, row, strict=True))
 
 
-def _schema_prefix(url: str) -> tuple[str, str | None, str]:
-    """(DSN, schema of ``?schema=NAME`` or ``None``, table prefix) of a PostgreSQL URL.
-
-    Raises:
-        ConfigurationError: a schema name that is not a plain identifier.
-    """
-    base, _, query = url.partition("?")
-    schema = parse_qs(query).get("schema", [None])[-1]
-    if schema is not None and not schema.replace("_", "").isalnum():
-        raise ConfigurationError(f"invalid schema name {schema!r}")
-    return base, schema, f'"{schema}".' if schema else ""
-
-
 def _busy(exc: BaseException) -> bool:
     text = str(exc)
     return isinstance(exc, sqlite3.OperationalError) and ("locked" in text or "busy" in text)
@@ -257,7 +244,30 @@ class SyncSQLite(_SQLite):
         self._close()
 
 
-class Asyncpg:
+class _Postgres:
+    """What both PostgreSQL adapters share: the DSN, the schema of ``?schema=NAME`` and the
+    statements qualified with it.
+
+    Raises:
+        ConfigurationError: a schema name that is not a plain identifier.
+    """
+
+    def __init__(self, url: str) -> None:
+        self._dsn, _, query = url.partition("?")
+        self._schema = parse_qs(query).get("schema", [None])[-1]
+        if self._schema is not None and not self._schema.replace("_", "").isalnum():
+            raise ConfigurationError(f"invalid schema name {self._schema!r}")
+        self.sql = Statements(f'"{self._schema}".' if self._schema else "", numbered=True)
+        self._pool: Any = None
+
+    def _setup(self) -> list[str]:
+        """The statements that create the tables, serialised across processes by a lock."""
+        schema = [f'CREATE SCHEMA IF NOT EXISTS "{self._schema}"'] if self._schema else []
+        lock = f"SELECT pg_advisory_xact_lock({_DDL_LOCK})"
+        return [*schema, "BEGIN", lock, _POSTGRES_SCHEMA.format(prefix=self.sql.prefix), "COMMIT"]
+
+
+class Asyncpg(_Postgres):
     """PostgreSQL for the async apps through an asyncpg pool (opened on first use), with the
     store's pool hygiene: a connection that failed is discarded, one the server closed while
     idle is skipped (nothing was sent), and a lost server is :class:`DatabaseUnavailable`.
@@ -267,9 +277,7 @@ class Asyncpg:
     """
 
     def __init__(self, url: str) -> None:
-        self._dsn, self._schema, prefix = _schema_prefix(url)
-        self.sql = Statements(prefix, numbered=True)
-        self._pool: Any = None
+        super().__init__(url)
         self._lock: asyncio.Lock | None = None
 
     async def _get_pool(self) -> Any:
@@ -286,11 +294,8 @@ class Asyncpg:
 
         pool = await asyncpg.create_pool(self._dsn, min_size=1, max_size=_POOL_SIZE)
         async with pool.acquire() as conn:
-            if self._schema:
-                await conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{self._schema}"')
-            async with conn.transaction():
-                await conn.execute(f"SELECT pg_advisory_xact_lock({_DDL_LOCK})")
-                await conn.execute(_POSTGRES_SCHEMA.format(prefix=self.sql.prefix))
+            for statement in self._setup():
+                await conn.execute(statement)
         return pool
 
     async def _pooled(self, work: Callable[[Any], Awaitable[T]]) -> T:
@@ -344,7 +349,7 @@ class Asyncpg:
             self._pool = None
 
 
-class Psycopg:
+class Psycopg(_Postgres):
     """PostgreSQL for the WSGI apps through a psycopg pool, opened on first use in each worker
     process (never inherited across gunicorn's fork). ``RawCursor``: the same ``$1``
     placeholders as asyncpg (and as the store's own connections).
@@ -354,9 +359,7 @@ class Psycopg:
     """
 
     def __init__(self, url: str) -> None:
-        self._dsn, self._schema, prefix = _schema_prefix(url)
-        self.sql = Statements(prefix, numbered=True)
-        self._pool: Any = None
+        super().__init__(url)
         self._lock = threading.Lock()
 
     def _get_pool(self) -> Any:
@@ -372,11 +375,8 @@ class Psycopg:
         kwargs: dict[str, Any] = {"autocommit": True, "cursor_factory": psycopg.RawCursor}
         try:
             with psycopg.connect(self._dsn, connect_timeout=10, **kwargs) as conn:
-                if self._schema:
-                    conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{self._schema}"')
-                with conn.transaction():
-                    conn.execute(f"SELECT pg_advisory_xact_lock({_DDL_LOCK})")
-                    conn.execute(_POSTGRES_SCHEMA.format(prefix=self.sql.prefix))
+                for statement in self._setup():
+                    conn.execute(statement)
             pool = ConnectionPool(
                 self._dsn,
                 kwargs=kwargs,

@@ -25,25 +25,8 @@ from .._core.config import IdempotencyConfig
 from .._core.routes import idempotent
 from ..asgi import IdempotencyMiddleware
 from ..stores import AsyncStore, resolve_async_store
+from . import domain
 from ._async_hub import AsyncOrderHub
-from .domain import (
-    DEFAULT_STORE,
-    ORDERS,
-    PAYMENTS,
-    DatabaseUnavailable,
-    DemoFailure,
-    Kind,
-    Knobs,
-    Problem,
-    default_db_url,
-    location,
-    owner,
-    page,
-    parse_limit,
-    parse_record,
-    problem_of,
-    same_database,
-)
 
 __all__ = ["OrderHubSetup", "create_app", "orderhub_setup", "problem_response"]
 
@@ -95,9 +78,9 @@ def orderhub_setup(
             records live in the store's own SQL database.
     """
     idempotency_store = resolve_async_store(store)
-    db_url = db or default_db_url(store)
+    db_url = db or domain.default_db_url(store)
     if transactional is None:
-        transactional = same_database(store, db_url) and callable(
+        transactional = domain.same_database(store, db_url) and callable(
             getattr(idempotency_store, "begin", None)
         )
     hub = AsyncOrderHub(db_url, transactional=transactional)
@@ -108,10 +91,12 @@ def orderhub_setup(
         wired = metrics.wire(idempotency_store)
         idempotency_store, on_event = wired["store"], wired["on_event"]
     config = IdempotencyConfig(ttl=ttl, lease=lease, transactional=transactional, on_event=on_event)
-    return OrderHubSetup(idempotency_store, config, hub, page(store, db_url), metrics is not None)
+    return OrderHubSetup(
+        idempotency_store, config, hub, domain.page(store, db_url), metrics is not None
+    )
 
 
-def problem_response(problem: Problem, headers: Mapping[str, str] | None = None) -> Response:
+def problem_response(problem: domain.Problem, headers: Mapping[str, str] | None = None) -> Response:
     """A domain problem as a Starlette (or FastAPI) response."""
     return Response(
         problem.body(),
@@ -122,14 +107,14 @@ def problem_response(problem: Problem, headers: Mapping[str, str] | None = None)
 
 
 async def _domain_error(request: Request, exc: Exception) -> Response:
-    return problem_response(problem_of(exc))
+    return problem_response(domain.problem_of(exc))
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
     # Starlette's own answers (an unknown path, a method not allowed) as problems too.
     assert isinstance(exc, HTTPException)
     title = exc.detail or "HTTP error"
-    return problem_response(Problem(exc.status_code, title, title), exc.headers)
+    return problem_response(domain.Problem(exc.status_code, title, title), exc.headers)
 
 
 def _hub(request: Request) -> AsyncOrderHub:
@@ -142,37 +127,37 @@ async def index(request: Request) -> Response:
     return HTMLResponse(request.app.state.page)
 
 
-async def _create(request: Request, kind: Kind) -> Response:
-    values = parse_record(kind, await request.body())
-    knobs = Knobs.from_query(request.query_params.get)
-    who = owner(request.headers.get("authorization"))
+async def _create(request: Request, kind: domain.Kind) -> Response:
+    values = domain.parse_record(kind, await request.body())
+    knobs = domain.Knobs.from_query(request.query_params.get)
+    who = domain.owner(request.headers.get("authorization"))
     record = await _hub(request).create(kind, values, who, knobs, request.scope)
-    return JSONResponse(record, 201, headers={"Location": location(kind, record)})
+    return JSONResponse(record, 201, headers={"Location": domain.location(kind, record)})
 
 
 async def create_order(request: Request) -> Response:
     """``POST /orders``: the key is optional."""
-    return await _create(request, ORDERS)
+    return await _create(request, domain.ORDERS)
 
 
 @idempotent(required=True)
 async def create_payment(request: Request) -> Response:
     """``POST /payments``: the key is required."""
-    return await _create(request, PAYMENTS)
+    return await _create(request, domain.PAYMENTS)
 
 
-async def listing(request: Request, kind: Kind) -> Response:
+async def listing(request: Request, kind: domain.Kind) -> Response:
     """``GET /orders``, ``GET /payments`` (``?limit=N``: the newest N)."""
-    limit = parse_limit(request.query_params.get("limit"))
+    limit = domain.parse_limit(request.query_params.get("limit"))
     count, records = await _hub(request).list(kind, limit)
     return JSONResponse({"count": count, kind.name: records})
 
 
-async def detail(request: Request, kind: Kind) -> Response:
+async def detail(request: Request, kind: domain.Kind) -> Response:
     """``GET /orders/<id>``, ``GET /payments/<id>``."""
     record = await _hub(request).get(kind, request.path_params["record_id"])
     if record is None:
-        raise Problem.not_found(kind)
+        raise domain.Problem.not_found(kind)
     return JSONResponse(record)
 
 
@@ -192,7 +177,7 @@ async def metrics(request: Request) -> Response:
 
 def create_app(
     *,
-    store: str = DEFAULT_STORE,
+    store: str = domain.DEFAULT_STORE,
     db: str | None = None,
     ttl: float = 24 * 3600.0,
     lease: float = 30.0,
@@ -215,11 +200,11 @@ def create_app(
     routes = [
         Route("/", index),
         Route("/orders", create_order, methods=["POST"]),
-        Route("/orders", functools.partial(listing, kind=ORDERS), methods=["GET"]),
-        Route("/orders/{record_id:int}", functools.partial(detail, kind=ORDERS)),
+        Route("/orders", functools.partial(listing, kind=domain.ORDERS), methods=["GET"]),
+        Route("/orders/{record_id:int}", functools.partial(detail, kind=domain.ORDERS)),
         Route("/payments", create_payment, methods=["POST"]),
-        Route("/payments", functools.partial(listing, kind=PAYMENTS), methods=["GET"]),
-        Route("/payments/{record_id:int}", functools.partial(detail, kind=PAYMENTS)),
+        Route("/payments", functools.partial(listing, kind=domain.PAYMENTS), methods=["GET"]),
+        Route("/payments/{record_id:int}", functools.partial(detail, kind=domain.PAYMENTS)),
         Route("/reset", reset, methods=["POST"]),
     ]
     if setup.metrics:
@@ -237,9 +222,9 @@ def create_app(
             Middleware(IdempotencyMiddleware, store=setup.store, config=setup.config)  # type: ignore[arg-type]
         ],
         exception_handlers={
-            Problem: _domain_error,
-            DemoFailure: _domain_error,
-            DatabaseUnavailable: _domain_error,
+            domain.Problem: _domain_error,
+            domain.DemoFailure: _domain_error,
+            domain.DatabaseUnavailable: _domain_error,
             HTTPException: _http_error,
         },
         lifespan=lifespan,

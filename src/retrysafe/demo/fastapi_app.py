@@ -27,24 +27,9 @@ from starlette.exceptions import HTTPException
 
 from .. import __version__
 from ..contrib.fastapi import idempotent, install
+from . import domain
 from ._async_hub import AsyncOrderHub
 from .app import metrics, orderhub_setup, problem_response
-from .domain import (
-    DEFAULT_STORE,
-    KINDS,
-    MAX_DELAY_MS,
-    MAX_NUMBER,
-    ORDERS,
-    PAYMENTS,
-    DatabaseUnavailable,
-    DemoFailure,
-    Knobs,
-    Problem,
-    check_text,
-    location,
-    owner,
-    problem_of,
-)
 
 __all__ = [
     "Order",
@@ -57,8 +42,8 @@ __all__ = [
     "create_app",
 ]
 
-Text = Annotated[str, Field(min_length=1), AfterValidator(check_text)]
-Number = Annotated[int, Field(ge=1, le=MAX_NUMBER)]
+Text = Annotated[str, Field(min_length=1), AfterValidator(domain.check_text)]
+Number = Annotated[int, Field(ge=1, le=domain.MAX_NUMBER)]
 
 
 class OrderIn(BaseModel):
@@ -192,32 +177,32 @@ def get_owner(
     request: Request, _: Annotated[HTTPAuthorizationCredentials | None, Security(_bearer)]
 ) -> str:
     """Dependency: the demo user."""
-    return owner(request.headers.get("authorization"))
+    return domain.owner(request.headers.get("authorization"))
 
 
 def get_knobs(
     delay_ms: Annotated[
         int,
-        Query(ge=0, le=MAX_DELAY_MS, description="Sleep this long before writing (ms)."),
+        Query(ge=0, le=domain.MAX_DELAY_MS, description="Sleep this long before writing (ms)."),
     ] = 0,
     delay_after_ms: Annotated[
         int,
         Query(
             ge=0,
-            le=MAX_DELAY_MS,
+            le=domain.MAX_DELAY_MS,
             description="Sleep this long after writing, before answering (ms): the window in "
             "which a crash separates the effect from its record.",
         ),
     ] = 0,
     fail: Annotated[bool, Query(description="Fail (500) without writing anything.")] = False,
-) -> Knobs:
+) -> domain.Knobs:
     """Dependency: the demo knobs."""
-    return Knobs(delay_ms / 1000, delay_after_ms / 1000, fail)
+    return domain.Knobs(delay_ms / 1000, delay_after_ms / 1000, fail)
 
 
 Hub = Annotated[AsyncOrderHub, Depends(get_hub)]
 Owner = Annotated[str, Depends(get_owner)]
-DemoKnobs = Annotated[Knobs, Depends(get_knobs)]
+DemoKnobs = Annotated[domain.Knobs, Depends(get_knobs)]
 Limit = Annotated[int | None, Query(ge=0, description="Only the newest N.")]
 
 
@@ -230,8 +215,8 @@ async def create_order(
     order: OrderIn, request: Request, response: Response, hub: Hub, who: Owner, knobs: DemoKnobs
 ) -> dict[str, Any]:
     """Place an order. With an `Idempotency-Key` a retry gets the first answer again."""
-    record = await hub.create(ORDERS, order.model_dump(), who, knobs, request.scope)
-    response.headers["Location"] = location(ORDERS, record)
+    record = await hub.create(domain.ORDERS, order.model_dump(), who, knobs, request.scope)
+    response.headers["Location"] = domain.location(domain.ORDERS, record)
     return record
 
 
@@ -245,36 +230,36 @@ async def create_payment(
     knobs: DemoKnobs,
 ) -> dict[str, Any]:
     """Make a payment. The `Idempotency-Key` is required: a payment is never made twice."""
-    record = await hub.create(PAYMENTS, payment.model_dump(), who, knobs, request.scope)
-    response.headers["Location"] = location(PAYMENTS, record)
+    record = await hub.create(domain.PAYMENTS, payment.model_dump(), who, knobs, request.scope)
+    response.headers["Location"] = domain.location(domain.PAYMENTS, record)
     return record
 
 
 async def list_orders(hub: Hub, limit: Limit = None) -> dict[str, Any]:
     """Every order, newest first."""
-    count, records = await hub.list(ORDERS, limit)
+    count, records = await hub.list(domain.ORDERS, limit)
     return {"count": count, "orders": records}
 
 
 async def list_payments(hub: Hub, limit: Limit = None) -> dict[str, Any]:
     """Every payment, newest first."""
-    count, records = await hub.list(PAYMENTS, limit)
+    count, records = await hub.list(domain.PAYMENTS, limit)
     return {"count": count, "payments": records}
 
 
 async def get_order(record_id: int, hub: Hub) -> dict[str, Any]:
     """One order."""
-    record = await hub.get(ORDERS, record_id)
+    record = await hub.get(domain.ORDERS, record_id)
     if record is None:
-        raise Problem.not_found(ORDERS)
+        raise domain.Problem.not_found(domain.ORDERS)
     return record
 
 
 async def get_payment(record_id: int, hub: Hub) -> dict[str, Any]:
     """One payment."""
-    record = await hub.get(PAYMENTS, record_id)
+    record = await hub.get(domain.PAYMENTS, record_id)
     if record is None:
-        raise Problem.not_found(PAYMENTS)
+        raise domain.Problem.not_found(domain.PAYMENTS)
     return record
 
 
@@ -284,38 +269,38 @@ async def reset(hub: Hub) -> None:
 
 
 async def _domain_error(request: Request, exc: Exception) -> Response:
-    return problem_response(problem_of(exc))
+    return problem_response(domain.problem_of(exc))
 
 
 async def _validation_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, RequestValidationError)
     errors = exc.errors()
     if any(error["type"] == "json_invalid" for error in errors):
-        return problem_response(Problem.not_json())
+        return problem_response(domain.Problem.not_json())
     where = errors[0]["loc"][0] if errors else "body"
     detail = "; ".join(
         f"{'.'.join(str(part) for part in error['loc'][1:]) or where}: {error['msg']}"
         for error in errors
     )
     if where == "body":
-        kind = KINDS.get(request.url.path.strip("/").split("/")[0], ORDERS)
+        kind = domain.KINDS.get(request.url.path.strip("/").split("/")[0], domain.ORDERS)
         if "json" not in request.headers.get("content-type", ""):
             # FastAPI reads a body as JSON only under a JSON Content-Type (curl -d sends a form).
             detail = "Send the body as JSON, with Content-Type: application/json."
-        return problem_response(Problem.invalid(kind, detail))
-    return problem_response(Problem(422, f"Invalid {where} parameter", detail))
+        return problem_response(domain.Problem.invalid(kind, detail))
+    return problem_response(domain.Problem(422, f"Invalid {where} parameter", detail))
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
     # FastAPI's own answers (an unknown path, a method not allowed, an unreadable body).
     assert isinstance(exc, HTTPException)
     title = str(exc.detail) or "HTTP error"
-    return problem_response(Problem(exc.status_code, title, title), exc.headers)
+    return problem_response(domain.Problem(exc.status_code, title, title), exc.headers)
 
 
 def create_app(
     *,
-    store: str = DEFAULT_STORE,
+    store: str = domain.DEFAULT_STORE,
     db: str | None = None,
     ttl: float = 24 * 3600.0,
     lease: float = 30.0,
@@ -339,9 +324,9 @@ def create_app(
         summary="The retrysafe demo: orders and payments that are safe to retry.",
         lifespan=lifespan,
         exception_handlers={
-            Problem: _domain_error,
-            DemoFailure: _domain_error,
-            DatabaseUnavailable: _domain_error,
+            domain.Problem: _domain_error,
+            domain.DemoFailure: _domain_error,
+            domain.DatabaseUnavailable: _domain_error,
             RequestValidationError: _validation_error,
             HTTPException: _http_error,
         },

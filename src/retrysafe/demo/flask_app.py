@@ -19,25 +19,8 @@ from flask import Blueprint, Flask, Response, current_app, jsonify, request
 from werkzeug.exceptions import HTTPException
 
 from ..contrib.flask import Idempotency, idempotent
+from . import domain
 from ._sync_hub import OrderHub
-from .domain import (
-    DEFAULT_STORE,
-    ORDERS,
-    PAYMENTS,
-    DatabaseUnavailable,
-    DemoFailure,
-    Kind,
-    Knobs,
-    Problem,
-    default_db_url,
-    location,
-    owner,
-    page,
-    parse_limit,
-    parse_record,
-    problem_of,
-    same_database,
-)
 
 __all__ = ["create_app", "orderhub", "serve"]
 
@@ -49,7 +32,7 @@ def _hub() -> OrderHub:
     return hub
 
 
-def _problem(problem: Problem) -> Response:
+def _problem(problem: domain.Problem) -> Response:
     headers = {**problem.headers(), "Content-Type": "application/problem+json"}
     return Response(problem.body(), problem.status, headers)
 
@@ -60,61 +43,61 @@ def index() -> Response:
     return Response(current_app.config["ORDERHUB_PAGE"], mimetype="text/html")
 
 
-def _create(kind: Kind) -> tuple[Response, int, dict[str, str]]:
-    values = parse_record(kind, request.get_data())
-    knobs = Knobs.from_query(request.args.get)
-    who = owner(request.headers.get("Authorization"))
+def _create(kind: domain.Kind) -> tuple[Response, int, dict[str, str]]:
+    values = domain.parse_record(kind, request.get_data())
+    knobs = domain.Knobs.from_query(request.args.get)
+    who = domain.owner(request.headers.get("Authorization"))
     record = _hub().create(kind, values, who, knobs, request.environ)
-    return jsonify(record), 201, {"Location": location(kind, record)}
+    return jsonify(record), 201, {"Location": domain.location(kind, record)}
 
 
 @orderhub.post("/orders")
 def create_order() -> tuple[Response, int, dict[str, str]]:
     """``POST /orders``: the key is optional."""
-    return _create(ORDERS)
+    return _create(domain.ORDERS)
 
 
 @orderhub.post("/payments")
 @idempotent(required=True)
 def create_payment() -> tuple[Response, int, dict[str, str]]:
     """``POST /payments``: the key is required."""
-    return _create(PAYMENTS)
+    return _create(domain.PAYMENTS)
 
 
-def _listing(kind: Kind) -> Response:
-    count, records = _hub().list(kind, parse_limit(request.args.get("limit")))
+def _listing(kind: domain.Kind) -> Response:
+    count, records = _hub().list(kind, domain.parse_limit(request.args.get("limit")))
     return jsonify({"count": count, kind.name: records})
 
 
-def _detail(kind: Kind, record_id: int) -> Response:
+def _detail(kind: domain.Kind, record_id: int) -> Response:
     record = _hub().get(kind, record_id)
     if record is None:
-        raise Problem.not_found(kind)
+        raise domain.Problem.not_found(kind)
     return jsonify(record)
 
 
 @orderhub.get("/orders")
 def list_orders() -> Response:
     """``GET /orders`` (``?limit=N``: the newest N)."""
-    return _listing(ORDERS)
+    return _listing(domain.ORDERS)
 
 
 @orderhub.get("/payments")
 def list_payments() -> Response:
     """``GET /payments`` (``?limit=N``: the newest N)."""
-    return _listing(PAYMENTS)
+    return _listing(domain.PAYMENTS)
 
 
 @orderhub.get("/orders/<int:record_id>")
 def get_order(record_id: int) -> Response:
     """``GET /orders/<id>``."""
-    return _detail(ORDERS, record_id)
+    return _detail(domain.ORDERS, record_id)
 
 
 @orderhub.get("/payments/<int:record_id>")
 def get_payment(record_id: int) -> Response:
     """``GET /payments/<id>``."""
-    return _detail(PAYMENTS, record_id)
+    return _detail(domain.PAYMENTS, record_id)
 
 
 @orderhub.post("/reset")
@@ -124,47 +107,42 @@ def reset() -> Response:
     return Response(status=204)
 
 
-@orderhub.app_errorhandler(Problem)
-@orderhub.app_errorhandler(DemoFailure)
-@orderhub.app_errorhandler(DatabaseUnavailable)
+@orderhub.app_errorhandler(domain.Problem)
+@orderhub.app_errorhandler(domain.DemoFailure)
+@orderhub.app_errorhandler(domain.DatabaseUnavailable)
 def domain_error(exc: Exception) -> Response:
     """The domain's problems, ``?fail=1`` and a busy database."""
-    return _problem(problem_of(exc))
+    return _problem(domain.problem_of(exc))
 
 
 @orderhub.app_errorhandler(HTTPException)
 def http_error(exc: HTTPException) -> Response:
     """Flask's own errors (404, 405, a body over ``MAX_CONTENT_LENGTH``) as problems too."""
-    return _problem(Problem(exc.code or 500, exc.name, exc.description or exc.name))
+    return _problem(domain.Problem(exc.code or 500, exc.name, exc.description or exc.name))
 
 
 def create_app(
     *,
-    store: str = DEFAULT_STORE,
+    store: str = domain.DEFAULT_STORE,
     db: str | None = None,
     ttl: float = 24 * 3600.0,
     lease: float = 30.0,
     transactional: bool | None = None,
 ) -> Flask:
-    """Build OrderHub on Flask.
-
-    Args:
-        store: the idempotency store URL.
-        db: where orders and payments live (default: the store's database when it is SQL).
-        ttl: retention of completed records, seconds.
-        lease: lease of in-progress records, seconds.
-        transactional: commit orders together with the stored responses; by default on when
-            the orders live in the store's own SQL database.
+    """Build OrderHub on Flask (the arguments of every OrderHub's ``create_app``: the store URL,
+    the ``--db`` URL, ``ttl`` and ``lease`` seconds, transactional mode or the default).
 
     Returns:
         The Flask app (``app.extensions["retrysafe"]`` holds the store,
         ``app.extensions["orderhub"]`` the data layer).
     """
-    db_url = db or default_db_url(store)
+    db_url = db or domain.default_db_url(store)
     if transactional is None:
-        transactional = same_database(store, db_url)
+        transactional = domain.same_database(store, db_url)
     app = Flask(__name__)
-    app.config.update(RETRYSAFE_TTL=ttl, RETRYSAFE_LEASE=lease, ORDERHUB_PAGE=page(store, db_url))
+    app.config.update(
+        RETRYSAFE_TTL=ttl, RETRYSAFE_LEASE=lease, ORDERHUB_PAGE=domain.page(store, db_url)
+    )
     Idempotency(app, store=store, transactional=transactional)
     app.extensions["orderhub"] = OrderHub(db_url, transactional=transactional)
     app.register_blueprint(orderhub)

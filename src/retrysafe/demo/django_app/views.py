@@ -15,18 +15,7 @@ from django.views.decorators.http import require_http_methods
 
 from ...contrib.django import idempotent
 from ...contrib.django.middleware import mark_committed
-from ..domain import (
-    DatabaseUnavailable,
-    DemoFailure,
-    Knobs,
-    Problem,
-    location,
-    owner,
-    page,
-    parse_limit,
-    parse_record,
-    problem_of,
-)
+from .. import domain
 from .models import Order, Payment
 
 __all__ = [
@@ -41,7 +30,7 @@ __all__ = [
 ]
 
 
-def _problem(problem: Problem) -> HttpResponse:
+def _problem(problem: domain.Problem) -> HttpResponse:
     response = HttpResponse(
         problem.body(), status=problem.status, content_type="application/problem+json"
     )
@@ -52,27 +41,29 @@ def _problem(problem: Problem) -> HttpResponse:
 
 def _create(request: HttpRequest, model: Any) -> HttpResponse:
     kind = model.kind
-    values = parse_record(kind, request.body)
-    knobs = Knobs.from_query(request.GET.get)
+    values = domain.parse_record(kind, request.body)
+    knobs = domain.Knobs.from_query(request.GET.get)
     if knobs.delay:
         time.sleep(knobs.delay)
     knobs.fail_if_asked(kind)
     # With the django store the view runs inside the atomic block that also writes the stored
     # response: the row commits with it (exactly once, even on a crash).
-    record = model.objects.create(owner=owner(request.headers.get("Authorization")), **values)
+    record = model.objects.create(
+        owner=domain.owner(request.headers.get("Authorization")), **values
+    )
     if not settings.RETRYSAFE.get("TRANSACTIONAL", True):
         # From here a crash must not lead to a second order: retries get "outcome unknown".
         mark_committed(request)
     if knobs.delay_after:
         time.sleep(knobs.delay_after)
     response = JsonResponse(record.as_dict(), status=201)
-    response["Location"] = location(kind, record.as_dict())
+    response["Location"] = domain.location(kind, record.as_dict())
     return response
 
 
 def _listing(request: HttpRequest, model: Any) -> HttpResponse:
     records = model.objects.order_by("-id")
-    limit = parse_limit(request.GET.get("limit"))
+    limit = domain.parse_limit(request.GET.get("limit"))
     if limit is not None:
         records = records[:limit]
     count = model.objects.count()
@@ -82,14 +73,15 @@ def _listing(request: HttpRequest, model: Any) -> HttpResponse:
 def _detail(model: Any, record_id: int) -> HttpResponse:
     record = model.objects.filter(pk=record_id).first() if record_id < 2**63 else None
     if record is None:
-        raise Problem.not_found(model.kind)
+        raise domain.Problem.not_found(model.kind)
     return JsonResponse(record.as_dict())
 
 
 def index(request: HttpRequest) -> HttpResponse:
     """The page at ``/``."""
     return HttpResponse(
-        page(settings.ORDERHUB_STORE, settings.ORDERHUB_DB), content_type="text/html; charset=utf-8"
+        domain.page(settings.ORDERHUB_STORE, settings.ORDERHUB_DB),
+        content_type="text/html; charset=utf-8",
     )
 
 
@@ -129,7 +121,7 @@ def reset(request: HttpRequest) -> HttpResponse:
 
 def not_found(request: HttpRequest, exception: Exception) -> HttpResponse:
     """Django's 404 (``handler404``) as a problem too."""
-    return _problem(Problem(404, "Not found", "No such resource.", slug="not-found"))
+    return _problem(domain.Problem(404, "Not found", "No such resource.", slug="not-found"))
 
 
 def _unavailable(exc: OperationalError) -> bool:
@@ -156,7 +148,7 @@ class ProblemMiddleware:
     def process_exception(self, request: HttpRequest, exc: Exception) -> HttpResponse | None:
         """A domain error becomes its problem (others: Django's 500)."""
         if isinstance(exc, OperationalError) and _unavailable(exc):
-            exc = DatabaseUnavailable(str(exc), store="django")
-        if isinstance(exc, Problem | DemoFailure | DatabaseUnavailable):
-            return _problem(problem_of(exc))
+            exc = domain.DatabaseUnavailable(str(exc), store="django")
+        if isinstance(exc, domain.Problem | domain.DemoFailure | domain.DatabaseUnavailable):
+            return _problem(domain.problem_of(exc))
         return None
