@@ -5,8 +5,10 @@ framework."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -189,3 +191,14 @@ def test_importing_the_demo_and_building_the_command_loads_no_framework() -> Non
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
     )
     assert result.stdout.strip() == "[]"
+
+
+def test_the_django_orderhub_s_migrations_match_its_models(tmp_path: Path) -> None:
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "retrysafe.demo.django_app.settings",
+        "RETRYSAFE_DEMO_STORE": f"sqlite:///{tmp_path}/store.db",
+    }
+    command = [sys.executable, "-m", "django", "makemigrations", "--check", "--dry-run", "orderhub"]
+    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
