@@ -12,8 +12,28 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
-demo: $(STAMP)
-	$(BIN)/retrysafe demo --host 127.0.0.1 --port 8000
+# `make demo [PORT=8000] [STORE=URL]`: OrderHub in the foreground, with only what it needs
+# (retrysafe[demo]: Starlette, FastAPI, Flask, Django, uvicorn, gunicorn, prometheus-client; plus
+# the redis or postgres extra when STORE names one). Every run keeps its data in a new, empty
+# folder under $TMPDIR (default /tmp), never in the source tree: a second run starts empty.
+PORT ?= 8000
+STORE ?=
+COMMA := ,
+DEMO_EXTRAS := demo$(if $(filter redis%,$(STORE)),$(COMMA)redis)$(if $(filter postgres%,$(STORE)),$(COMMA)postgres)
+DEMO_STAMP := $(VENV)/.installed-$(subst $(COMMA),-,$(DEMO_EXTRAS))
+
+$(DEMO_STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@echo "Installing retrysafe[$(DEMO_EXTRAS)] into $(VENV): Starlette, FastAPI, Flask, Django," \
+	    "uvicorn, gunicorn, prometheus-client (no test tools)"
+	$(BIN)/python -m pip install --quiet -e '.[$(DEMO_EXTRAS)]'
+	touch $@
+
+demo: $(DEMO_STAMP)
+	@data=$$(mktemp -d "$${TMPDIR:-/tmp}/retrysafe-demo.XXXXXX") && \
+	echo "OrderHub keeps this run's data in $$data (a new, empty folder each run)" && \
+	cd "$$data" && exec "$(abspath $(BIN))/retrysafe" demo --host 127.0.0.1 --port $(PORT) \
+	    $(if $(STORE),--store '$(STORE)')
 
 lint: $(STAMP)
 	$(BIN)/ruff format --check src tests bench scripts

@@ -109,6 +109,33 @@ CLIENT_TRANSPORT_RULES = _client_rules(
     (r"\baread\b", "read"),
 )
 
+#: OrderHub's data layer (the Flask OrderHub's face of the Starlette/FastAPI one).
+DEMO_HUB_RULES: Rules = [
+    (
+        r"for the async apps \(Starlette, FastAPI\)\.$",
+        "for the WSGI app (Flask).",
+    ),
+    (
+        r"The sync twin, ``_sync_hub\.py`` \(Flask\), is generated from this file by",
+        "This file is generated from ``_async_hub.py`` by",
+    ),
+    (
+        r"up to date\): edit this file, then run the script\.",
+        "up to date): edit that file, then run the script.",
+    ),
+    (r"^import asyncio$", "import time"),
+    (r"\basyncio\.sleep\(", "time.sleep("),
+    (
+        r"from \.\._core\.transaction import mark_committed, transaction",
+        "from ..wsgi import mark_committed, transaction",
+    ),
+    (r"scope: the request's ASGI scope", "scope: the request's WSGI environ"),
+    (r"\bopen_async_driver\b", "open_driver"),
+    (r"\bAsyncOrderHub\b", "OrderHub"),
+    (r"\baclose\b", "close"),
+    (r"\basync def\b", "def"),
+    (r"\bawait ", ""),
+]
 FILES: list[tuple[str, str, Rules]] = [
     ("src/retrysafe/_async/runner.py", "src/retrysafe/_sync/runner.py", RUNNER_RULES),
     (
@@ -126,6 +153,7 @@ FILES: list[tuple[str, str, Rules]] = [
         "src/retrysafe/client/_sync/transport.py",
         CLIENT_TRANSPORT_RULES,
     ),
+    ("src/retrysafe/demo/_async_hub.py", "src/retrysafe/demo/_sync_hub.py", DEMO_HUB_RULES),
 ]
 
 HEADER = "# Generated from {source} by scripts/unasync.py: do not edit.\n"

@@ -355,10 +355,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True)
 
+    from .demo.domain import DEFAULT_STORE  # imports no framework
+
     demo = sub.add_parser("demo", help="serve the OrderHub demo")
     demo.add_argument("--host", default="127.0.0.1")
     demo.add_argument("--port", type=int, default=8000)
-    _store_arg(demo, "sqlite:///./retrysafe-demo.db")
+    _store_arg(demo, DEFAULT_STORE)
     demo.add_argument("--db", default=None, help="where orders live (default: the store's db)")
     demo.add_argument(
         "--ttl", help=f"retention, seconds or 30s/15m/2h/1d (default: {_DEFAULTS.ttl:g})"

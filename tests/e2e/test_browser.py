@@ -336,3 +336,15 @@ def test_phone_width_has_no_horizontal_overflow(
     path = phone.screenshot("browser-phone.png", record_property, capsys)
     assert path.stat().st_size > 10_000
     phone.assert_clean()
+
+
+def test_the_footer_says_where_the_data_lives_and_that_make_demo_starts_empty(
+    desktop: Page,
+) -> None:
+    """The page names the store's file (records and orders in one database) and says that each
+    ``make demo`` starts in a new, empty folder."""
+    footer = desktop.text("#data-where")
+    assert desktop.server.store.removeprefix("sqlite:///") in footer
+    assert "one database" in footer
+    assert "new, empty folder" in footer
+    desktop.assert_clean()

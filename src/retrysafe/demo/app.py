@@ -1,49 +1,34 @@
-"""OrderHub: a small orders-and-payments API protected by retrysafe (DESIGN section 5)."""
+"""OrderHub on Starlette, the default of ``retrysafe demo`` (DESIGN section 5).
+
+Thin: each endpoint reads the request, hands it to :mod:`.domain` and the data layer
+(:class:`~retrysafe.demo._async_hub.AsyncOrderHub`), and turns the answer or the domain's
+:class:`~retrysafe.demo.domain.Problem` into a Starlette response. :func:`orderhub_setup` (the
+store, its metrics, the settings and the data layer) is shared with the FastAPI OrderHub.
+"""
 
 from __future__ import annotations
 
-import asyncio
 import functools
-import json
-import os
-from importlib import resources
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
-from starlette.routing import BaseRoute, Route
+from starlette.responses import HTMLResponse, JSONResponse, Response
+from starlette.routing import Route
 
 from .._core.config import IdempotencyConfig
 from .._core.routes import idempotent
-from .._core.transaction import mark_committed, transaction
 from ..asgi import IdempotencyMiddleware
-from ..stores import resolve_async_store
-from ._contract import DemoFailure, InvalidRecord, knob_ms, parse_record
-from .db import DatabaseUnavailable, OrderDB, open_db
+from ..stores import AsyncStore, resolve_async_store
+from . import domain
+from ._async_hub import AsyncOrderHub
 
-__all__ = ["DEFAULT_STORE", "create_app", "default_db_url"]
-
-DEFAULT_STORE = "sqlite:///./retrysafe-demo.db"
-
-
-def default_db_url(store_url: str) -> str:
-    """OrderHub's data goes to the store's own database when the store is SQL."""
-    if store_url.startswith(("sqlite:///", "postgresql://", "postgres://")):
-        return store_url.split("?", 1)[0]
-    return "sqlite:///./orderhub.db"
-
-
-def same_database(store_url: str, db_url: str) -> bool:
-    """Whether the orders live in the store's own database (so transactional mode applies)."""
-    store_base, db_base = store_url.split("?", 1)[0], db_url.split("?", 1)[0]
-    if store_base.startswith("sqlite:///") and db_base.startswith("sqlite:///"):
-        return os.path.abspath(store_base[10:]) == os.path.abspath(db_base[10:])
-    for scheme in ("postgresql://", "postgres://"):
-        store_base = store_base.replace(scheme, "postgresql://", 1)
-        db_base = db_base.replace(scheme, "postgresql://", 1)
-    return store_base.startswith("postgresql://") and store_base == db_base
+__all__ = ["OrderHubSetup", "create_app", "orderhub_setup", "problem_response"]
 
 
 @functools.cache
@@ -60,176 +45,190 @@ def _metrics() -> Any:
     return PrometheusMetrics()
 
 
-def _problem(
-    status: int,
-    title: str,
-    detail: str,
-    slug: str = "invalid-request",
-    headers: dict[str, str] | None = None,
-) -> Response:
-    body = {"type": f"urn:orderhub:problem:{slug}", "title": title, "status": status}
-    body["detail"] = detail
-    return Response(
-        json.dumps(body), status, headers=headers, media_type="application/problem+json"
-    )
+@dataclass
+class OrderHubSetup:
+    """What an ASGI OrderHub is built from.
+
+    Attributes:
+        store: the idempotency store (instrumented when prometheus_client is installed).
+        config: the middleware's settings.
+        hub: the data layer.
+        page: the page at ``/``.
+        metrics: whether ``GET /metrics`` is served.
+    """
+
+    store: AsyncStore
+    config: IdempotencyConfig
+    hub: AsyncOrderHub
+    page: bytes
+    metrics: bool
 
 
-def _owner(request: Request) -> str:
-    auth = request.headers.get("authorization", "")
-    scheme, _, name = auth.partition(" ")
-    return name.strip() if scheme.lower() == "bearer" and name.strip() else "anonymous"
-
-
-def _int_param(request: Request, name: str) -> int:
-    return knob_ms(request.query_params.get(name))
-
-
-async def _create(
-    request: Request, kind: str, fields: dict[str, type], db: OrderDB, transactional: bool
-) -> Response:
-    try:
-        values = parse_record(await request.body(), kind, fields)
-    except InvalidRecord as bad:
-        return _problem(bad.status, bad.title, bad.detail)
-    delay_ms = _int_param(request, "delay_ms")
-    if delay_ms:
-        await asyncio.sleep(delay_ms / 1000)
-    if request.query_params.get("fail") == "1":
-        raise DemoFailure(f"the {kind} handler failed on purpose (?fail=1)")
-    if transactional:
-        # The order commits together with the stored response (exactly once, even on a crash).
-        conn = await transaction(request, optional=True)
-        record = await db.add(kind, _owner(request), conn=conn, **values)
-    else:
-        record = await db.add(kind, _owner(request), **values)
-        # From here a crash must not lead to a second order: retries get "outcome unknown".
-        await mark_committed(request)
-    delay_after_ms = _int_param(request, "delay_after_ms")
-    if delay_after_ms:
-        await asyncio.sleep(delay_after_ms / 1000)
-    return JSONResponse(record, 201, headers={"Location": f"/{kind}/{record['id']}"})
-
-
-def _listing(kind: str, db: OrderDB) -> Any:
-    async def endpoint(request: Request) -> Response:
-        limit: int | None = None
-        if "limit" in request.query_params:
-            try:
-                limit = max(0, int(request.query_params["limit"]))
-            except ValueError:
-                return _problem(400, "Bad limit", "limit must be an integer.")
-        count, records = await db.list(kind, limit)
-        return JSONResponse({"count": count, kind: records})
-
-    return endpoint
-
-
-def _detail(kind: str, db: OrderDB) -> Any:
-    async def endpoint(request: Request) -> Response:
-        record = await db.get(kind, request.path_params["record_id"])
-        if record is None:
-            return _problem(404, "Not found", f"No such {kind[:-1]}.")
-        return JSONResponse(record)
-
-    return endpoint
-
-
-def create_app(
-    *,
-    store: str = DEFAULT_STORE,
-    db: str | None = None,
-    ttl: float = 24 * 3600.0,
-    lease: float = 30.0,
-    transactional: bool | None = None,
-    fastapi: bool = False,
-) -> Starlette:
-    """Build OrderHub.
+def orderhub_setup(
+    *, store: str, db: str | None, ttl: float, lease: float, transactional: bool | None
+) -> OrderHubSetup:
+    """Resolve the store (a bad URL fails here, at start-up) and open the data layer.
 
     Args:
         store: the idempotency store URL.
-        db: where orders and payments live (default: the store's database when it is SQLite).
+        db: where orders and payments live (``None``: :func:`~.domain.default_db_url`).
         ttl: retention of completed records, seconds.
         lease: lease of in-progress records, seconds.
-        fastapi: build it as a FastAPI app (the same routes and middleware; needs
-            ``retrysafe[fastapi]``) rather than a Starlette one.
-        transactional: commit orders together with the stored responses; by default on when
-            the orders live in the store's own SQL database.
-
-    Returns:
-        The ASGI app.
+        transactional: commit each record with its stored response; ``None``: when the
+            records live in the store's own SQL database.
     """
-    # Resolve the store now, so a bad URL fails at start-up rather than on the first request.
     idempotency_store = resolve_async_store(store)
-    db_url = db or default_db_url(store)
-    database = open_db(db_url)
+    db_url = db or domain.default_db_url(store)
     if transactional is None:
-        transactional = same_database(store, db_url) and callable(
+        transactional = domain.same_database(store, db_url) and callable(
             getattr(idempotency_store, "begin", None)
         )
-    page = resources.files("retrysafe.demo").joinpath("static", "index.html").read_bytes()
-
-    async def index(request: Request) -> Response:
-        return Response(page, media_type="text/html; charset=utf-8")
-
-    async def create_order(request: Request) -> Response:
-        fields = {"item": str, "quantity": int}
-        return await _create(request, "orders", fields, database, transactional)
-
-    @idempotent(required=True)
-    async def create_payment(request: Request) -> Response:
-        fields = {"amount": int, "currency": str}
-        return await _create(request, "payments", fields, database, transactional)
-
-    async def reset(request: Request) -> Response:
-        await database.reset()
-        return Response(status_code=204)
-
-    async def failed(request: Request, exc: Exception) -> Response:
-        return _problem(500, "Handler failed", str(exc))
-
+    hub = AsyncOrderHub(db_url, transactional=transactional)
     on_event = None
     metrics = _metrics()
     if metrics is not None:
         # Count every outcome and time every store call; GET /metrics serves them.
         wired = metrics.wire(idempotency_store)
         idempotency_store, on_event = wired["store"], wired["on_event"]
+    config = IdempotencyConfig(ttl=ttl, lease=lease, transactional=transactional, on_event=on_event)
+    return OrderHubSetup(
+        idempotency_store, config, hub, domain.page(store, db_url), metrics is not None
+    )
 
-    async def metrics_endpoint(request: Request) -> Response:
-        from ..contrib.prometheus import metrics_response
 
-        body, content_type = metrics_response()
-        return Response(body, media_type=content_type)
+def problem_response(problem: domain.Problem, headers: Mapping[str, str] | None = None) -> Response:
+    """A domain problem as a Starlette (or FastAPI) response."""
+    return Response(
+        problem.body(),
+        problem.status,
+        headers={**(headers or {}), **problem.headers()},
+        media_type="application/problem+json",
+    )
 
-    async def unavailable(request: Request, exc: Exception) -> Response:
-        # The database stayed busy (SQLite's single writer held by a long transaction) or
-        # unreachable for longer than a write waits: nothing was written, retrying is safe.
-        return _problem(
-            503,
-            "Database busy",
-            f"The order database could not take the write; retry later. ({exc})",
-            slug="database-unavailable",
-            headers={"Retry-After": "1"},
-        )
 
-    routes: list[BaseRoute] = [
+async def _domain_error(request: Request, exc: Exception) -> Response:
+    return problem_response(domain.problem_of(exc))
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    # Starlette's own answers (an unknown path, a method not allowed) as problems too.
+    assert isinstance(exc, HTTPException)
+    title = exc.detail or "HTTP error"
+    return problem_response(domain.Problem(exc.status_code, title, title), exc.headers)
+
+
+def _hub(request: Request) -> AsyncOrderHub:
+    hub: AsyncOrderHub = request.app.state.orderhub
+    return hub
+
+
+async def index(request: Request) -> Response:
+    """The page."""
+    return HTMLResponse(request.app.state.page)
+
+
+async def _create(request: Request, kind: domain.Kind) -> Response:
+    values = domain.parse_record(kind, await request.body())
+    knobs = domain.Knobs.from_query(request.query_params.get)
+    who = domain.owner(request.headers.get("authorization"))
+    record = await _hub(request).create(kind, values, who, knobs, request.scope)
+    return JSONResponse(record, 201, headers={"Location": domain.location(kind, record)})
+
+
+async def create_order(request: Request) -> Response:
+    """``POST /orders``: the key is optional."""
+    return await _create(request, domain.ORDERS)
+
+
+@idempotent(required=True)
+async def create_payment(request: Request) -> Response:
+    """``POST /payments``: the key is required."""
+    return await _create(request, domain.PAYMENTS)
+
+
+async def listing(request: Request, kind: domain.Kind) -> Response:
+    """``GET /orders``, ``GET /payments`` (``?limit=N``: the newest N)."""
+    limit = domain.parse_limit(request.query_params.get("limit"))
+    count, records = await _hub(request).list(kind, limit)
+    return JSONResponse({"count": count, kind.name: records})
+
+
+async def detail(request: Request, kind: domain.Kind) -> Response:
+    """``GET /orders/<id>``, ``GET /payments/<id>``."""
+    record = await _hub(request).get(kind, request.path_params["record_id"])
+    if record is None:
+        raise domain.Problem.not_found(kind)
+    return JSONResponse(record)
+
+
+async def reset(request: Request) -> Response:
+    """``POST /reset``: delete every order and payment (the page's "Reset demo")."""
+    await _hub(request).reset()
+    return Response(status_code=204)
+
+
+async def metrics(request: Request) -> Response:
+    """``GET /metrics``: the Prometheus metrics."""
+    from ..contrib.prometheus import metrics_response
+
+    body, content_type = metrics_response()
+    return Response(body, media_type=content_type)
+
+
+def create_app(
+    *,
+    store: str = domain.DEFAULT_STORE,
+    db: str | None = None,
+    ttl: float = 24 * 3600.0,
+    lease: float = 30.0,
+    transactional: bool | None = None,
+) -> Starlette:
+    """Build OrderHub on Starlette.
+
+    Args:
+        store: the idempotency store URL.
+        db: where orders and payments live (default: the store's database when it is SQL).
+        ttl: retention of completed records, seconds.
+        lease: lease of in-progress records, seconds.
+        transactional: commit orders together with the stored responses; by default on when
+            the orders live in the store's own SQL database.
+
+    Returns:
+        The ASGI app.
+    """
+    setup = orderhub_setup(store=store, db=db, ttl=ttl, lease=lease, transactional=transactional)
+    routes = [
         Route("/", index),
         Route("/orders", create_order, methods=["POST"]),
-        Route("/orders", _listing("orders", database), methods=["GET"]),
-        Route("/orders/{record_id:int}", _detail("orders", database)),
+        Route("/orders", functools.partial(listing, kind=domain.ORDERS), methods=["GET"]),
+        Route("/orders/{record_id:int}", functools.partial(detail, kind=domain.ORDERS)),
         Route("/payments", create_payment, methods=["POST"]),
-        Route("/payments", _listing("payments", database), methods=["GET"]),
-        Route("/payments/{record_id:int}", _detail("payments", database)),
+        Route("/payments", functools.partial(listing, kind=domain.PAYMENTS), methods=["GET"]),
+        Route("/payments/{record_id:int}", functools.partial(detail, kind=domain.PAYMENTS)),
         Route("/reset", reset, methods=["POST"]),
     ]
-    if metrics is not None:
-        routes.append(Route("/metrics", metrics_endpoint, methods=["GET"]))
-    config = IdempotencyConfig(ttl=ttl, lease=lease, transactional=transactional, on_event=on_event)
-    # mypy cannot match a constructor with **options against Starlette's ParamSpec factory.
-    middleware = [Middleware(IdempotencyMiddleware, store=idempotency_store, config=config)]  # type: ignore[arg-type]
-    handlers: dict[Any, Any] = {DemoFailure: failed, DatabaseUnavailable: unavailable}
-    if fastapi:
-        from fastapi import FastAPI
+    if setup.metrics:
+        routes.append(Route("/metrics", metrics, methods=["GET"]))
 
-        # FastAPI serves Starlette routes as they are; its own /docs and /openapi.json come on top.
-        return FastAPI(routes=routes, middleware=middleware, exception_handlers=handlers)
-    return Starlette(routes=routes, middleware=middleware, exception_handlers=handlers)
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        yield
+        await setup.hub.aclose()
+
+    app = Starlette(
+        routes=routes,
+        # mypy cannot match a constructor with **options against Starlette's ParamSpec factory.
+        middleware=[
+            Middleware(IdempotencyMiddleware, store=setup.store, config=setup.config)  # type: ignore[arg-type]
+        ],
+        exception_handlers={
+            domain.Problem: _domain_error,
+            domain.DemoFailure: _domain_error,
+            domain.DatabaseUnavailable: _domain_error,
+            HTTPException: _http_error,
+        },
+        lifespan=lifespan,
+    )
+    app.state.orderhub = setup.hub
+    app.state.page = setup.page
+    return app

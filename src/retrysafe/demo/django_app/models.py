@@ -1,4 +1,4 @@
-"""OrderHub's data: orders and payments."""
+"""OrderHub's data on Django: orders and payments (the fields of :data:`~..domain.KINDS`)."""
 
 from __future__ import annotations
 
@@ -6,50 +6,47 @@ from typing import Any
 
 from django.db import models
 
+from ..domain import ORDERS, PAYMENTS, Kind
+
 __all__ = ["Order", "Payment"]
 
 
-class Order(models.Model):
+class _Record(models.Model):
+    """What orders and payments share: the owner, the creation time and the JSON shape."""
+
+    kind: Kind
+    owner = models.TextField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        abstract = True
+
+    def as_dict(self) -> dict[str, Any]:
+        """The JSON shape of every OrderHub (``created_at`` in UTC with milliseconds)."""
+        values: dict[str, Any] = {name: getattr(self, name) for name in self.kind.fields}
+        created = self.created_at.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+        return {"id": self.pk, "owner": self.owner, **values, "created_at": created}
+
+
+class Order(_Record):
     """One order."""
 
-    owner = models.TextField()
+    kind = ORDERS
     item = models.TextField()
     quantity = models.BigIntegerField()
-    created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
         app_label = "orderhub"
         db_table = "orderhub_django_orders"
 
-    def as_dict(self) -> dict[str, Any]:
-        """The JSON shape of the Starlette OrderHub."""
-        return {
-            "id": self.pk,
-            "owner": self.owner,
-            "item": self.item,
-            "quantity": self.quantity,
-            "created_at": self.created_at.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
-        }
 
-
-class Payment(models.Model):
+class Payment(_Record):
     """One payment."""
 
-    owner = models.TextField()
+    kind = PAYMENTS
     amount = models.BigIntegerField()
     currency = models.TextField()
-    created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
         app_label = "orderhub"
         db_table = "orderhub_django_payments"
-
-    def as_dict(self) -> dict[str, Any]:
-        """The JSON shape of the Starlette OrderHub."""
-        return {
-            "id": self.pk,
-            "owner": self.owner,
-            "amount": self.amount,
-            "currency": self.currency,
-            "created_at": self.created_at.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
-        }

@@ -12,37 +12,27 @@ import os
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-from ...stores.sqlite import parse_sqlite_url
+from ...stores.sqlite import DEFAULT_BUSY_TIMEOUT, busy_timeout_option, parse_sqlite_url
+from ..domain import DEFAULT_STORE, default_db_url, same_database
 
-STORE_URL = os.environ.get("RETRYSAFE_DEMO_STORE", "sqlite:///./retrysafe-demo.db")
-
-
-def _base(url: str) -> str:
-    if url.startswith("sqlite:///"):
-        return url.split("?", 1)[0]
-    return url.replace("postgres://", "postgresql://", 1)
-
-
-def _is_sql(url: str) -> bool:
-    return url.startswith(("sqlite:///", "postgresql://", "postgres://"))
-
-
-DB_URL = os.environ.get("RETRYSAFE_DEMO_DB") or (
-    _base(STORE_URL) if _is_sql(STORE_URL) else "sqlite:///./orderhub-django.db"
-)
+ORDERHUB_STORE = os.environ.get("RETRYSAFE_DEMO_STORE", DEFAULT_STORE)
+ORDERHUB_DB = os.environ.get("RETRYSAFE_DEMO_DB") or default_db_url(ORDERHUB_STORE)
 
 
 def database(url: str) -> dict[str, Any]:
     """``DATABASES["default"]`` for a ``sqlite:///`` or ``postgresql://`` URL."""
     if url.startswith("sqlite:///"):
-        path, _ = parse_sqlite_url(url)
+        path, options = parse_sqlite_url(url)
+        busy = busy_timeout_option(options)
         # Deferred transactions (Django's default), not IMMEDIATE: the view's atomic block
         # begins before the view runs, and an IMMEDIATE one would hold SQLite's single write
         # lock for the whole view, so a duplicate could not even be told "in progress". The
-        # views write before they read, so the lock is taken (waiting up to the timeout) by the
-        # first INSERT and held until the record commits.
-        options: dict[str, Any] = {"timeout": 20, "init_command": "PRAGMA journal_mode=WAL;"}
-        return {"ENGINE": "django.db.backends.sqlite3", "NAME": path, "OPTIONS": options}
+        # views write before they read, so the lock is taken by the first INSERT (waiting up to
+        # the same bound as every OrderHub: ?busy_timeout= or 30 s) and held until the record
+        # commits.
+        timeout = DEFAULT_BUSY_TIMEOUT if busy is None else busy
+        sqlite = {"timeout": timeout, "init_command": "PRAGMA journal_mode=WAL;"}
+        return {"ENGINE": "django.db.backends.sqlite3", "NAME": path, "OPTIONS": sqlite}
     parts = urlsplit(url)
     # libpq options in the query (e.g. options=-csearch_path=orderhub) go to the driver;
     # store options (table=...) do not.
@@ -57,11 +47,7 @@ def database(url: str) -> dict[str, Any]:
     }
 
 
-SAME_DATABASE = _is_sql(STORE_URL) and (
-    os.path.abspath(_base(STORE_URL)[10:]) == os.path.abspath(_base(DB_URL)[10:])
-    if STORE_URL.startswith("sqlite:///")
-    else _base(STORE_URL) == _base(DB_URL)
-)
+SAME_DATABASE = same_database(ORDERHUB_STORE, ORDERHUB_DB)
 
 SECRET_KEY = os.environ.get("RETRYSAFE_DEMO_SECRET", "orderhub-demo-not-secret")
 DEBUG = False
@@ -70,12 +56,13 @@ ROOT_URLCONF = "retrysafe.demo.django_app.urls"
 USE_TZ = True
 INSTALLED_APPS = ["retrysafe.contrib.django", "retrysafe.demo.django_app"]
 MIDDLEWARE = [
-    "retrysafe.demo.django_app.views.FailureMiddleware",
+    "retrysafe.demo.django_app.views.ProblemMiddleware",
     "retrysafe.contrib.django.IdempotencyMiddleware",
 ]
-DATABASES = {"default": database(DB_URL)}
+# The store's database when the store is SQL (transactional), else the orders' own file.
+DATABASES = {"default": database(ORDERHUB_DB)}
 RETRYSAFE = {
-    "STORE": "django" if SAME_DATABASE else STORE_URL,
+    "STORE": "django" if SAME_DATABASE else ORDERHUB_STORE,
     "TRANSACTIONAL": SAME_DATABASE,
     "TTL": float(os.environ.get("RETRYSAFE_DEMO_TTL", 24 * 3600)),
     "LEASE": float(os.environ.get("RETRYSAFE_DEMO_LEASE", 30)),

@@ -1,4 +1,4 @@
-"""OrderHub's routes (those of the Starlette OrderHub)."""
+"""OrderHub's routes (those of every OrderHub)."""
 
 from __future__ import annotations
 
@@ -14,3 +14,5 @@ urlpatterns = [
     path("payments/<int:record_id>", views.payment_detail),
     path("reset", views.reset),
 ]
+
+handler404 = "retrysafe.demo.django_app.views.not_found"

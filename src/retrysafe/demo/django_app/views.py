@@ -1,90 +1,95 @@
-"""OrderHub's views: the Starlette OrderHub's contract (routes, ``Location``, the knobs
-``delay_ms``, ``delay_after_ms`` and ``fail``, ``Authorization: Bearer <name>`` owners)."""
+"""OrderHub's views on Django: each reads the request, hands it to :mod:`..domain` and the ORM,
+and answers; :class:`ProblemMiddleware` turns the domain's problems, ``?fail=1`` and a busy
+database into ``application/problem+json``."""
 
 from __future__ import annotations
 
-import json
 import time
-from importlib import resources
 from typing import Any
 
 from django.conf import settings
+from django.db import OperationalError
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_http_methods
 
 from ...contrib.django import idempotent
 from ...contrib.django.middleware import mark_committed
-from .._contract import DemoFailure, InvalidRecord, knob_ms, parse_record
+from .. import domain
 from .models import Order, Payment
 
-__all__ = ["index", "order_detail", "orders", "payment_detail", "payments", "reset"]
-
-_PAGE = resources.files("retrysafe.demo").joinpath("static", "index.html").read_bytes()
-
-
-def _problem(status: int, title: str, detail: str) -> HttpResponse:
-    body = {"type": "urn:orderhub:problem:invalid-request", "title": title, "status": status}
-    body["detail"] = detail
-    return HttpResponse(json.dumps(body), status=status, content_type="application/problem+json")
-
-
-def _owner(request: HttpRequest) -> str:
-    scheme, _, name = request.headers.get("Authorization", "").partition(" ")
-    return name.strip() if scheme.lower() == "bearer" and name.strip() else "anonymous"
+__all__ = [
+    "ProblemMiddleware",
+    "index",
+    "not_found",
+    "order_detail",
+    "orders",
+    "payment_detail",
+    "payments",
+    "reset",
+]
 
 
-def _int_param(request: HttpRequest, name: str) -> int:
-    return knob_ms(request.GET.get(name))
-
-
-def _create(request: HttpRequest, model: Any, kind: str, fields: dict[str, type]) -> HttpResponse:
-    try:
-        values = parse_record(request.body, kind, fields)
-    except InvalidRecord as bad:
-        return _problem(bad.status, bad.title, bad.detail)
-    delay_ms = _int_param(request, "delay_ms")
-    if delay_ms:
-        time.sleep(delay_ms / 1000)
-    if request.GET.get("fail") == "1":
-        raise DemoFailure(f"the {kind} handler failed on purpose (?fail=1)")
-    # With the django store the view runs inside the atomic block that also writes the stored
-    # response: the row commits with it (exactly once, even on a crash).
-    record = model.objects.create(owner=_owner(request), **values)
-    if not settings.RETRYSAFE.get("TRANSACTIONAL", True):
-        # From here a crash must not lead to a second order: retries get "outcome unknown".
-        mark_committed(request)
-    delay_after_ms = _int_param(request, "delay_after_ms")
-    if delay_after_ms:
-        time.sleep(delay_after_ms / 1000)
-    response = JsonResponse(record.as_dict(), status=201)
-    response["Location"] = f"/{kind}/{record.pk}"
+def _problem(problem: domain.Problem) -> HttpResponse:
+    response = HttpResponse(
+        problem.body(), status=problem.status, content_type="application/problem+json"
+    )
+    for name, value in problem.headers().items():
+        response[name] = value
     return response
 
 
-def _listing(request: HttpRequest, model: Any, kind: str) -> HttpResponse:
+def _create(request: HttpRequest, model: Any) -> HttpResponse:
+    kind = model.kind
+    values = domain.parse_record(kind, request.body)
+    knobs = domain.Knobs.from_query(request.GET.get)
+    if knobs.delay:
+        time.sleep(knobs.delay)
+    knobs.fail_if_asked(kind)
+    # With the django store the view runs inside the atomic block that also writes the stored
+    # response: the row commits with it (exactly once, even on a crash).
+    record = model.objects.create(
+        owner=domain.owner(request.headers.get("Authorization")), **values
+    )
+    if not settings.RETRYSAFE.get("TRANSACTIONAL", True):
+        # From here a crash must not lead to a second order: retries get "outcome unknown".
+        mark_committed(request)
+    if knobs.delay_after:
+        time.sleep(knobs.delay_after)
+    response = JsonResponse(record.as_dict(), status=201)
+    response["Location"] = domain.location(kind, record.as_dict())
+    return response
+
+
+def _listing(request: HttpRequest, model: Any) -> HttpResponse:
     records = model.objects.order_by("-id")
-    if "limit" in request.GET:
-        try:
-            records = records[: max(0, int(request.GET["limit"]))]
-        except ValueError:
-            return _problem(400, "Bad limit", "limit must be an integer.")
+    limit = domain.parse_limit(request.GET.get("limit"))
+    if limit is not None:
+        records = records[:limit]
     count = model.objects.count()
-    return JsonResponse({"count": count, kind: [r.as_dict() for r in records]})
+    return JsonResponse({"count": count, model.kind.name: [r.as_dict() for r in records]})
+
+
+def _detail(model: Any, record_id: int) -> HttpResponse:
+    record = model.objects.filter(pk=record_id).first() if record_id < 2**63 else None
+    if record is None:
+        raise domain.Problem.not_found(model.kind)
+    return JsonResponse(record.as_dict())
 
 
 def index(request: HttpRequest) -> HttpResponse:
     """The page at ``/``."""
-    return HttpResponse(_PAGE, content_type="text/html; charset=utf-8")
+    return HttpResponse(
+        domain.page(settings.ORDERHUB_STORE, settings.ORDERHUB_DB),
+        content_type="text/html; charset=utf-8",
+    )
 
 
 @csrf_exempt
 @require_http_methods(["GET", "POST"])
 def orders(request: HttpRequest) -> HttpResponse:
     """``GET``: the orders, newest first; ``POST``: create one (key optional)."""
-    if request.method == "POST":
-        return _create(request, Order, "orders", {"item": str, "quantity": int})
-    return _listing(request, Order, "orders")
+    return _create(request, Order) if request.method == "POST" else _listing(request, Order)
 
 
 @csrf_exempt
@@ -92,26 +97,17 @@ def orders(request: HttpRequest) -> HttpResponse:
 @require_http_methods(["GET", "POST"])
 def payments(request: HttpRequest) -> HttpResponse:
     """``GET``: the payments; ``POST``: create one (``Idempotency-Key`` required)."""
-    if request.method == "POST":
-        return _create(request, Payment, "payments", {"amount": int, "currency": str})
-    return _listing(request, Payment, "payments")
-
-
-def _detail(model: Any, kind: str, record_id: int) -> HttpResponse:
-    record = model.objects.filter(pk=record_id).first()
-    if record is None:
-        return _problem(404, "Not found", f"No such {kind[:-1]}.")
-    return JsonResponse(record.as_dict())
+    return _create(request, Payment) if request.method == "POST" else _listing(request, Payment)
 
 
 def order_detail(request: HttpRequest, record_id: int) -> HttpResponse:
     """One order."""
-    return _detail(Order, "orders", record_id)
+    return _detail(Order, record_id)
 
 
 def payment_detail(request: HttpRequest, record_id: int) -> HttpResponse:
     """One payment."""
-    return _detail(Payment, "payments", record_id)
+    return _detail(Payment, record_id)
 
 
 @csrf_exempt
@@ -123,8 +119,24 @@ def reset(request: HttpRequest) -> HttpResponse:
     return HttpResponse(status=204)
 
 
-class FailureMiddleware:
-    """Answers the ``?fail=1`` knob's exception with the Starlette OrderHub's 500 problem."""
+def not_found(request: HttpRequest, exception: Exception) -> HttpResponse:
+    """Django's 404 (``handler404``) as a problem too."""
+    return _problem(domain.Problem(404, "Not found", "No such resource.", slug="not-found"))
+
+
+def _unavailable(exc: OperationalError) -> bool:
+    """Whether a database error means "busy or unreachable" (so retrying later is right)."""
+    text = str(exc)
+    if "locked" in text or "busy" in text:  # SQLite's single writer, past the wait's bound
+        return True
+    cause = type(exc.__cause__)
+    # psycopg's OperationalError: the server is gone or refused the connection.
+    return cause.__module__.startswith("psycopg") and cause.__name__ == "OperationalError"
+
+
+class ProblemMiddleware:
+    """Answers the domain's problems, ``?fail=1`` and a busy or unreachable database as the
+    other OrderHubs do (never a 500 with a traceback for those)."""
 
     def __init__(self, get_response: Any) -> None:
         self.get_response = get_response
@@ -134,7 +146,9 @@ class FailureMiddleware:
         return response
 
     def process_exception(self, request: HttpRequest, exc: Exception) -> HttpResponse | None:
-        """A :class:`DemoFailure` becomes a 500 problem (others: Django's 500)."""
-        if isinstance(exc, DemoFailure):
-            return _problem(500, "Handler failed", str(exc))
+        """A domain error becomes its problem (others: Django's 500)."""
+        if isinstance(exc, OperationalError) and _unavailable(exc):
+            exc = domain.DatabaseUnavailable(str(exc), store="django")
+        if isinstance(exc, domain.Problem | domain.DemoFailure | domain.DatabaseUnavailable):
+            return _problem(domain.problem_of(exc))
         return None
