@@ -103,7 +103,7 @@ class Block:
 
     def commands(self) -> list[str]:
         """The shell commands of a shell block (continuations joined, blank lines dropped)."""
-        joined = re.sub(r"\\\n\s*", " ", self.code)
+        joined = re.sub(r"[ \t]*\\\n\s*", " ", self.code)
         return [ln.strip() for ln in joined.splitlines() if ln.strip() and not ln.startswith("#")]
 
 
