@@ -19,27 +19,23 @@ __all__ = ["SERVICES"]
 
 
 @contextlib.contextmanager
-def orderhub(port: int, folder: Path) -> Iterator[DemoServer]:
+def _running(server: DemoServer | Backend, port: int) -> Iterator[None]:
+    server.port = port
+    server.start()
+    try:
+        yield
+    finally:
+        server.stop()
+
+
+def orderhub(port: int, folder: Path) -> contextlib.AbstractContextManager[None]:
     """OrderHub (``retrysafe demo``) on a SQLite store in the project's folder."""
-    server = DemoServer(f"sqlite:///{folder}/orderhub.db", log_dir=folder / "logs")
-    server.port = port
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
+    return _running(DemoServer(f"sqlite:///{folder}/orderhub.db", log_dir=folder / "logs"), port)
 
 
-@contextlib.contextmanager
-def backend(port: int, folder: Path) -> Iterator[Backend]:
+def backend(port: int, folder: Path) -> contextlib.AbstractContextManager[None]:
     """The proxy tests' idempotency-free backend (standard library only)."""
-    server = Backend(folder / "logs", folder / "effects.jsonl")
-    server.port = port
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
+    return _running(Backend(folder / "logs", folder / "effects.jsonl"), port)
 
 
 SERVICES: dict[str, Service] = {"orderhub": orderhub, "backend": backend}

@@ -238,5 +238,9 @@ def check_installed(venv: Path, folder: Path) -> None:
     project = folder / "project"
     project.mkdir()
     run_project(
-        project_of(extra), project, bin_dir=bin_dir, services=SERVICES, env={"RS_RUN": RUN_ID}
+        project_of(extra),
+        project,
+        bin_dir=bin_dir,
+        services=SERVICES,
+        env={"RS_RUN": RUN_ID, "RS_HERE": str(Path(__file__).parent)},
     )
