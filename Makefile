@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit chaos bench clean services unasync
+.PHONY: demo test lint typecheck unit package matrix chaos bench clean services unasync
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -50,7 +50,17 @@ typecheck: $(STAMP)
 unit: $(STAMP)
 	$(BIN)/pytest -m "not chaos" $(PYTEST_ARGS)
 
-test: lint typecheck unit
+# The sdist and the wheel, checked as PyPI would (twine); tests/install installs the wheel.
+package: $(STAMP)
+	rm -rf dist
+	$(BIN)/python -m build
+	$(BIN)/twine check --strict dist/*
+
+# The install matrix alone (part of `unit`): each extra in a fresh virtualenv from the wheel.
+matrix: $(STAMP)
+	$(BIN)/pytest tests/install $(PYTEST_ARGS)
+
+test: lint typecheck package unit
 
 BENCH_STAMP := $(VENV)/.installed-bench
 $(BENCH_STAMP): pyproject.toml $(STAMP)
@@ -64,4 +74,4 @@ chaos: $(STAMP)
 	$(BIN)/pytest -m chaos $(PYTEST_ARGS)
 
 clean:
-	rm -rf $(VENV) bench/.venv-bench-peers .pytest_cache .mypy_cache .ruff_cache test-artifacts
+	rm -rf $(VENV) bench/.venv-bench-peers .pytest_cache .mypy_cache .ruff_cache test-artifacts dist

@@ -15,7 +15,7 @@ import logging
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from ._asgi_routes import RouteTable, route_template
+from ._asgi_routes import RouteTable, route_template, routes_owner
 from ._asgi_startup import start_up_checks
 from ._async.runner import AsyncExchange, AsyncRunner
 from ._body import BodyRefused, read_asgi_body
@@ -44,7 +44,7 @@ def _forget(task: asyncio.Future[None]) -> None:
         logging.getLogger("retrysafe").error("detached handler failed", exc_info=error)
 
 
-def request_from_scope(scope: Scope) -> Request:
+def request_from_scope(scope: Scope, find_route: Callable[[Any], Any] = route_template) -> Request:
     """Build the neutral request from an ASGI HTTP scope, in one pass over its headers."""
     headers = scope["headers"]
     keys: list[bytes] = []
@@ -61,7 +61,7 @@ def request_from_scope(scope: Scope) -> Request:
     method, path, query = scope["method"], scope["path"], scope.get("query_string", b"")
     return Request(
         method, path, query, keys, content_length(length), content_type, authorization,
-        scope.get("user"), headers, source=scope, find_route=route_template,
+        scope.get("user"), headers, source=scope, find_route=find_route,
     )  # fmt: skip
 
 
@@ -92,7 +92,8 @@ class IdempotencyMiddleware:
             self.store = front_store(resolve_async_store, store)
             self.config = front_config(config, options, self.store)
             self._runner = AsyncRunner(self.store)
-            self._routes = RouteTable()
+            self._routes = RouteTable(routes_owner(app))
+            self._find_route = self._routes.template
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] not in self.config.methods:
@@ -108,7 +109,7 @@ class IdempotencyMiddleware:
         if config is None:  # the route opted out, or no key to protect
             await self.app(scope, receive, send)
             return
-        request = request_from_scope(scope)
+        request = request_from_scope(scope, self._find_route)
         admitted = admit(request, config)
         assert admitted is not None  # no key where it is optional passed through above
         if not isinstance(admitted, Answer):
