@@ -451,7 +451,9 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
         return ""
 
     markdown = MARK.sub(fill, markdown)
-    paragraphs = [p.strip() for p in re.split(r"\n\s*\n", markdown) if p.strip()]
+    prose = re.sub(r"^(`{3,}|~{3,}).*?^\1\s*$", "", markdown, flags=re.MULTILINE | re.DOTALL)
+    prose = re.sub(r"<!--.*?-->", "", prose, flags=re.DOTALL)
+    paragraphs = [p.strip() for p in re.split(r"\n\s*\n", prose) if p.strip()]
     summary = next(
         (p for p in paragraphs if not p.startswith(("#", "<", "```", "|", "!!!", "-", "---"))), ""
     )
