@@ -22,8 +22,6 @@ from retrysafe import IdempotencyConfig, RouteOptions
 
 from .conftest import ROOT, BuiltSite
 
-pytestmark = pytest.mark.e2e
-
 
 def _hooks() -> ModuleType:
     spec = importlib.util.spec_from_file_location("docs_hooks", ROOT / "docs/hooks/reference.py")
