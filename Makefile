@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit chaos bench clean services unasync docs
+.PHONY: demo test lint typecheck unit package matrix chaos bench clean services unasync docs
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -30,7 +30,17 @@ typecheck: $(STAMP)
 unit: $(STAMP)
 	$(BIN)/pytest -m "not chaos" $(PYTEST_ARGS)
 
-test: lint typecheck unit
+# The sdist and the wheel, checked as PyPI would (twine); tests/install installs the wheel.
+package: $(STAMP)
+	rm -rf dist
+	$(BIN)/python -m build
+	$(BIN)/twine check --strict dist/*
+
+# The install matrix alone (part of `unit`): each extra in a fresh virtualenv from the wheel.
+matrix: $(STAMP)
+	$(BIN)/pytest tests/install $(PYTEST_ARGS)
+
+test: lint typecheck package unit
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
 # The documentation site: build it, then serve it on http://127.0.0.1:$(PORT)/ (make docs PORT=9000).
@@ -50,4 +60,4 @@ chaos: $(STAMP)
 	$(BIN)/pytest -m chaos $(PYTEST_ARGS)
 
 clean:
-	rm -rf $(VENV) bench/.venv-bench-peers .pytest_cache .mypy_cache .ruff_cache test-artifacts site
+	rm -rf $(VENV) bench/.venv-bench-peers .pytest_cache .mypy_cache .ruff_cache test-artifacts dist site

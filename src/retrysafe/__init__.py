@@ -26,7 +26,7 @@ from ._core.routes import idempotent
 from ._core.transaction import mark_committed, transaction
 from .stores import async_store_from_url, store_from_url
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "DEFAULT_RELEASE_STATUSES",

@@ -1,8 +1,12 @@
 """Route matching for the ASGI shell: which ``@idempotent`` route a request goes to.
 
-Starlette and FastAPI set ``scope["app"]`` before their middleware runs, so the middleware reads
-``scope["app"].routes`` once per app (cached), keeps the marked routes, and matches the request
-against those alone with the routes' own ``matches(scope)``.
+The routes come from the app the middleware wraps: the first object down its ``.app`` chain
+(the attribute every Starlette middleware keeps) that has ``.routes``, found once at start-up, so
+the middleware wrapped around a Starlette or FastAPI app (``app = IdempotencyMiddleware(app,
+...)``) sees them as well as one placed inside the app's own stack. Failing that, the app in
+``scope["app"]``, which Starlette and FastAPI set before their own middleware runs. The marked
+routes of an app are kept once (cached per app), and a request is matched against those alone
+with the routes' own ``matches(scope)``. An app without routes costs nothing.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from typing import Any
 from ._core.config import IdempotencyConfig, RouteOptions
 from ._core.routes import ROUTE_OPTIONS_ATTR, route_config
 
-__all__ = ["RouteTable", "find_route_options", "route_template"]
+__all__ = ["RouteTable", "find_route_options", "route_template", "routes_owner"]
 
 
 def _marked_routes(routes: Any) -> list[tuple[Any, RouteOptions]]:
@@ -27,10 +31,43 @@ def _marked_routes(routes: Any) -> list[tuple[Any, RouteOptions]]:
     return found
 
 
-class RouteTable:
-    """Caches, per app object, the routes that carry options, and the settings they give."""
+#: How far down a chain of wrapping middleware :func:`routes_owner` looks.
+_CHAIN_DEPTH = 32
 
-    def __init__(self) -> None:
+
+def routes_owner(app: Any) -> Any:
+    """The app whose routes a middleware wrapped around ``app`` matches requests against.
+
+    Args:
+        app: the ASGI app the middleware wraps.
+
+    Returns:
+        ``app``, or the first object down its chain of ``.app`` attributes, that has a list of
+        ``routes`` (a Starlette or FastAPI app, or its router); ``None`` when there is none.
+    """
+    for _ in range(_CHAIN_DEPTH):
+        if app is None:
+            return None
+        try:
+            routes = getattr(app, "routes", None)
+        except Exception:  # a property that cannot answer yet: not an app with routes
+            routes = None
+        if isinstance(routes, list):
+            return app
+        app = getattr(app, "app", None)
+    return None
+
+
+class RouteTable:
+    """Caches, per app object, the routes that carry options, and the settings they give.
+
+    Args:
+        owner: the app whose routes to match (see :func:`routes_owner`); ``None``: the app in
+            each request's ``scope["app"]``.
+    """
+
+    def __init__(self, owner: Any = None) -> None:
+        self._owner = owner
         self._by_app: dict[int, tuple[int, list[tuple[Any, RouteOptions]]]] = {}
         self._configs: dict[int, IdempotencyConfig] = {}
 
@@ -41,7 +78,7 @@ class RouteTable:
 
     def lookup(self, scope: Mapping[str, Any]) -> RouteOptions | None:
         """Return the options of the marked route this request goes to, if any."""
-        app = scope.get("app")
+        app = self._owner if self._owner is not None else scope.get("app")
         routes = getattr(app, "routes", None)
         if routes is None:
             return None
@@ -50,6 +87,10 @@ class RouteTable:
             cached = (len(routes), _marked_routes(routes))
             self._by_app[id(app)] = cached
         return find_route_options(cached[1], scope)
+
+    def template(self, scope: Mapping[str, Any]) -> str | None:
+        """:func:`route_template` over this table's app."""
+        return route_template(scope, self._owner)
 
 
 def find_route_options(
@@ -63,18 +104,19 @@ def find_route_options(
     return None
 
 
-def route_template(scope: Mapping[str, Any]) -> str | None:
+def route_template(scope: Mapping[str, Any], owner: Any = None) -> str | None:
     """The template of the route a request goes to (``/orders/{id}``), for metric labels.
 
     Starlette and FastAPI put the matched route in ``scope["route"]`` once routed; before that
-    (a replay never reaches the router) the app's routes are matched here. ``None`` when
-    unknown: labels must never carry the raw path (unbounded cardinality).
+    (a replay never reaches the router) the routes of ``owner`` (else of ``scope["app"]``) are
+    matched here. ``None`` when unknown: labels must never carry the raw path (unbounded
+    cardinality).
     """
     route = scope.get("route")
     if route is not None:
         template = getattr(route, "path_format", None) or getattr(route, "path", None)
         return template if isinstance(template, str) else None
-    app = scope.get("app")
+    app = owner if owner is not None else scope.get("app")
     routes = getattr(app, "routes", None)
     if not routes:
         return None

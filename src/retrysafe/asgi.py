@@ -15,7 +15,7 @@ import logging
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from ._asgi_routes import RouteTable, route_template
+from ._asgi_routes import RouteTable, route_template, routes_owner
 from ._async.runner import AsyncExchange, AsyncRunner
 from ._core.config import IdempotencyConfig, front_config
 from ._core.flow import EXECUTE, RUN_UNPROTECTED, Answer, Capture, Flow, admit, notify, too_large
@@ -46,7 +46,7 @@ class _ClientGone(Exception):
     """The client left before its body was read."""
 
 
-def request_from_scope(scope: Scope) -> Request:
+def request_from_scope(scope: Scope, find_route: Callable[[Any], Any] = route_template) -> Request:
     """Build the neutral request from an ASGI HTTP scope, in one pass over its headers."""
     headers = scope["headers"]
     keys: list[bytes] = []
@@ -63,7 +63,7 @@ def request_from_scope(scope: Scope) -> Request:
     method, path, query = scope["method"], scope["path"], scope.get("query_string", b"")
     return Request(
         method, path, query, keys, content_length(length), content_type, authorization,
-        scope.get("user"), headers, source=scope, find_route=route_template,
+        scope.get("user"), headers, source=scope, find_route=find_route,
     )  # fmt: skip
 
 
@@ -93,7 +93,8 @@ class IdempotencyMiddleware:
         self.store = resolve_async_store(store)
         self.config = front_config(config, options, self.store)
         self._runner = AsyncRunner(self.store)
-        self._routes = RouteTable()
+        self._routes = RouteTable(routes_owner(app))
+        self._find_route = self._routes.template
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] not in self.config.methods:
@@ -109,7 +110,7 @@ class IdempotencyMiddleware:
         if config is None:  # the route opted out, or no key to protect
             await self.app(scope, receive, send)
             return
-        request = request_from_scope(scope)
+        request = request_from_scope(scope, self._find_route)
         admitted = admit(request, config)
         assert admitted is not None  # no key where it is optional passed through above
         if not isinstance(admitted, Answer):

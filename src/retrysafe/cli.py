@@ -15,8 +15,9 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+from . import __version__
 from ._core.errors import ConfigurationError, IdempotencyError
-from ._core.keys import record_id
+from ._core.keys import parse_key, record_id
 from ._core.scope import authorization_scope
 from .stores import Store, store_from_url
 
@@ -29,9 +30,18 @@ Every --store defaults to $RETRYSAFE_STORE_URL."""
 #: The lease a demo gets when --lease is not given (never longer than --ttl).
 _DEFAULT_LEASE = 30.0
 
+#: The frameworks ``retrysafe demo`` serves OrderHub on, the first the default: the keys of
+#: ``demo.serve.SERVERS``, named here so that building the parser (``retrysafe --help``, every
+#: other subcommand) imports no framework (a test keeps the two lists equal).
+DEMO_FRAMEWORKS = ("starlette", "fastapi", "flask", "django")
+
 
 class _StoreFailed(Exception):
     """A store could not be opened or used; carries the one line to print."""
+
+
+#: The extra that brings a store driver, for a store that imports its driver on first use.
+_DRIVER_EXTRAS = {"psycopg": "postgres", "psycopg_pool": "postgres", "redis": "redis"}
 
 
 def _reach(operation: Callable[..., object], *args: object) -> None:
@@ -40,6 +50,10 @@ def _reach(operation: Callable[..., object], *args: object) -> None:
         operation(*args)
     except IdempotencyError as exc:
         raise _StoreFailed(f"cannot use the store: {exc}") from exc
+    except ImportError as exc:  # a driver imported on first use is not installed
+        extra = _DRIVER_EXTRAS.get((exc.name or "").partition(".")[0])
+        hint = f": pip install 'retrysafe[{extra}]'" if extra else ""
+        raise _StoreFailed(f"cannot use the store, a driver is missing ({exc}){hint}") from exc
 
 
 @contextlib.contextmanager
@@ -76,6 +90,9 @@ def _store_arg(parser: argparse.ArgumentParser, default: str | None = None) -> N
     )
 
 
+_KEY_HELP = "the Idempotency-Key header's value as sent: '\"k1\"' (an sf-string) or k1"
+
+
 def _scope_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--scope", default="", help="the scope the key belongs to (default global)")
@@ -93,8 +110,6 @@ def _scope_of(args: argparse.Namespace) -> str:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from .demo.serve import SERVERS
-
     args.lease = min(_DEFAULT_LEASE, args.ttl) if args.lease is None else args.lease
     if args.lease > args.ttl:
         raise ConfigurationError(
@@ -106,6 +121,8 @@ def _demo(args: argparse.Namespace) -> int:
         flush=True,
     )
     try:
+        from .demo.serve import SERVERS
+
         SERVERS[args.framework](args)
     except ImportError as exc:
         print(f"retrysafe demo needs: pip install 'retrysafe[demo]' ({exc})", file=sys.stderr)
@@ -217,6 +234,13 @@ def _purge(args: argparse.Namespace) -> int:
     return 0
 
 
+#: What ``retrysafe check`` writes, said in its help and in its output line.
+_CHECK_WRITES = (
+    "reserves a probe key and releases it again, so nothing stays behind but the records "
+    "table, which a SQL store creates if it is missing (as the app's first request would)"
+)
+
+
 def _check(args: argparse.Namespace) -> int:
     with _open_store(args.store) as store:
         probe = "retrysafe-check:" + os.urandom(8).hex()
@@ -224,12 +248,22 @@ def _check(args: argparse.Namespace) -> int:
         if reservation.token is None or not store.release(probe, reservation.token):
             print("store answered, but a reserve/release round trip failed", file=sys.stderr)
             return 1
-    print(f"ok: {args.store.split('://')[0]} store reachable; reserve and release work")
+    print(
+        f"ok: {args.store.split('://')[0]} store reachable; a probe key was reserved and "
+        "released (its records table exists: created now if it was missing)"
+    )
     return 0
 
 
+def _record_id(args: argparse.Namespace) -> str:
+    """The record address of ``--key``, given as the client sends the header's value: an
+    sf-string (``'"k1"'``) or a bare token (``k1``) name the same key, as on the wire."""
+    key = parse_key([args.key.encode("utf-8", "surrogateescape")])
+    return record_id(_scope_of(args), args.method.upper(), args.path, key)
+
+
 def _inspect(args: argparse.Namespace) -> int:
-    rid = record_id(_scope_of(args), args.method.upper(), args.path, args.key)
+    rid = _record_id(args)
     with _open_store(args.store) as store:
         record = store.get(rid)
     if record is None:
@@ -252,7 +286,7 @@ def _inspect(args: argparse.Namespace) -> int:
 
 
 def _resolve(args: argparse.Namespace) -> int:
-    rid = record_id(_scope_of(args), args.method.upper(), args.path, args.key)
+    rid = _record_id(args)
     with _open_store(args.store) as store:
         record = store.get(rid)
         if record is None:
@@ -347,6 +381,7 @@ def build_parser() -> argparse.ArgumentParser:
         description=_DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=f"retrysafe {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     demo = sub.add_parser("demo", help="serve the OrderHub demo")
@@ -362,10 +397,8 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"lease, seconds (default: {_DEFAULT_LEASE:g}, or --ttl when that is shorter)",
     )
     demo.add_argument("--log-level", default="info")
-    from .demo.serve import SERVERS
-
     demo.add_argument(
-        "--framework", choices=list(SERVERS), default=next(iter(SERVERS)), help="which OrderHub"
+        "--framework", choices=DEMO_FRAMEWORKS, default=DEMO_FRAMEWORKS[0], help="which OrderHub"
     )
     demo.set_defaults(func=_demo)
 
@@ -376,13 +409,17 @@ def build_parser() -> argparse.ArgumentParser:
     purge.add_argument("--dry-run", action="store_true", help="only count what would be deleted")
     purge.set_defaults(func=_purge)
 
-    check = sub.add_parser("check", help="check that a store is reachable and works")
+    check = sub.add_parser(
+        "check",
+        help="check that a store is reachable and works",
+        description=f"Check that a store is reachable and works: {_CHECK_WRITES}.",
+    )
     _store_arg(check)
     check.set_defaults(func=_check)
 
     inspect = sub.add_parser("inspect", help="show the record of one key")
     _store_arg(inspect)
-    inspect.add_argument("--key", required=True)
+    inspect.add_argument("--key", required=True, help=_KEY_HELP)
     inspect.add_argument("--method", default="POST")
     inspect.add_argument("--path", required=True)
     _scope_args(inspect)
@@ -394,7 +431,7 @@ def build_parser() -> argparse.ArgumentParser:
         "effects did not happen), so the next request with it runs",
     )
     _store_arg(resolve)
-    resolve.add_argument("--key", required=True)
+    resolve.add_argument("--key", required=True, help=_KEY_HELP)
     resolve.add_argument("--method", default="POST")
     resolve.add_argument("--path", required=True)
     _scope_args(resolve)

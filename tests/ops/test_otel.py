@@ -219,5 +219,6 @@ async def test_prometheus_and_otel_wrappers_nest_and_both_observe(tmp_path: Path
     assert _attrs(reserve)["db.system.name"] == "sqlite"
     labels = {"operation": "reserve", "store": "sqlite"}
     assert registry.get_sample_value("retrysafe_store_operation_seconds_count", labels) == 1
-    executed = {"outcome": "executed", "route": "unmatched", "store": "sqlite"}
+    # The middleware wraps the Starlette app: its routes are found through the app it wraps.
+    executed = {"outcome": "executed", "route": "/x", "store": "sqlite"}
     assert registry.get_sample_value("retrysafe_requests_total", executed) == 1

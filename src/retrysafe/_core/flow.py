@@ -245,7 +245,8 @@ def admit(request: Request, config: IdempotencyConfig) -> str | Answer | None:
     try:
         key = parse_key(request.keys)
     except InvalidKeyError as exc:
-        return problem(config, "idempotency-key-invalid", exc.reason + ".", event="invalid_key")
+        detail = exc.reason[:1].upper() + exc.reason[1:] + "."  # a sentence, as every detail
+        return problem(config, "idempotency-key-invalid", detail, event="invalid_key")
     if request.content_length > config.max_body_size:
         return too_large(config)
     return key

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 
@@ -114,13 +115,27 @@ def run_request(args: argparse.Namespace) -> int:
     except ValueError as exc:  # an invalid header value
         return _fail(str(exc), 2)
     info = retry_info(response)
-    print(f"status: {response.status_code}")
-    print(f"replayed: {'true' if info is not None and info.replayed else 'false'}")
-    print(f"key: {info.key if info is not None and info.key is not None else '-'}")
-    print(f"attempts: {info.attempts if info is not None else 1}")
-    print()
-    print(response.text)
+    _emit(
+        f"status: {response.status_code}\n"
+        f"replayed: {'true' if info is not None and info.replayed else 'false'}\n"
+        f"key: {info.key if info is not None and info.key is not None else '-'}\n"
+        f"attempts: {info.attempts if info is not None else 1}\n"
+        f"\n{response.text}\n"
+    )
     return 0 if response.status_code < 400 else 1
+
+
+def _emit(text: str) -> None:
+    """Write the answer to stdout. A reader that stops early (``| head``) is not a failure of
+    the request: the rest is dropped, and stdout is pointed at the null device so that the
+    interpreter's last flush does not report the closed pipe either."""
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
