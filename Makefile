@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit package matrix chaos bench clean services unasync
+.PHONY: demo test lint typecheck unit package matrix chaos bench clean services unasync docs
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -61,6 +61,12 @@ matrix: $(STAMP)
 	$(BIN)/pytest tests/install $(PYTEST_ARGS)
 
 test: lint typecheck package unit
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+
+# The documentation site: build it, then serve it on http://127.0.0.1:$(PORT)/ (make docs PORT=9000).
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve --dev-addr 127.0.0.1:$(or $(PORT),8001)
 
 BENCH_STAMP := $(VENV)/.installed-bench
 $(BENCH_STAMP): pyproject.toml $(STAMP)
@@ -74,4 +80,4 @@ chaos: $(STAMP)
 	$(BIN)/pytest -m chaos $(PYTEST_ARGS)
 
 clean:
-	rm -rf $(VENV) bench/.venv-bench-peers .pytest_cache .mypy_cache .ruff_cache test-artifacts dist
+	rm -rf $(VENV) bench/.venv-bench-peers .pytest_cache .mypy_cache .ruff_cache test-artifacts dist site
