@@ -1,12 +1,15 @@
 #!/usr/bin/env python3
-"""Generate the sync runner from the async one (the idea of httpcore's ``scripts/unasync.py``).
+"""Generate the sync twins from their async sources (the idea of httpcore's ``scripts/unasync.py``).
 
-    python scripts/unasync.py          # rewrite src/retrysafe/_sync/runner.py
-    python scripts/unasync.py --check  # exit 1 if it is stale or a rewrite rule matched nothing
+    python scripts/unasync.py          # rewrite every generated file
+    python scripts/unasync.py --check  # exit 1 if one is stale or a rewrite rule matched nothing
 
-Each rule is a regular expression applied to the whole source in order; a rule that matches
-nothing is an error, so a rename in the async source cannot silently leave the twin behind. The
-result is formatted with ruff (line breaks may change once ``await`` is gone).
+Each generated file has its own rules: regular expressions applied to the whole source in order,
+after the rules every file shares (``async def`` -> ``def``, ``await`` dropped...). A file's own
+rule that matches nothing in that file is an error, and so is a shared rule that matches nothing
+in any file, so a rename in an async source cannot silently leave its twin behind. The result has
+its imports sorted and is formatted with ruff (imports renamed, line breaks once ``await`` is
+gone).
 """
 
 from __future__ import annotations
@@ -16,34 +19,80 @@ import re
 import shutil
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-FILES = [("src/retrysafe/_async/runner.py", "src/retrysafe/_sync/runner.py")]
 
-RULES: list[tuple[str, str]] = [
-    (
-        r'^"""The async runner: performs the request flow\'s actions against an async store\.',
-        '"""The sync runner: performs the request flow\'s actions against a sync store.',
-    ),
-    (
-        r"The sync twin, ``_sync/runner\.py``, is generated from this file by",
-        "This file is generated from ``_async/runner.py`` by",
-    ),
-    (
-        r"up to date\): edit this file, then run the script\.",
-        "up to date): edit that file, then run the script.",
-    ),
-    (r"\bAwaitable, Callable, Generator\b", "Callable, Generator"),
-    (r"Callable\[\[bool\], Awaitable\[None\]\]", "Callable[[bool], None]"),
-    (r"-> Awaitable\[(.+)\]:", r"-> \1:"),
-    (r"\bAsyncLeaseKeeper\b", "LeaseKeeper"),
-    (r"\bAsyncRunner\b", "Runner"),
-    (r"\bAsyncExchange\b", "Exchange"),
-    (r"\bAsyncStore\b", "Store"),
-    (r"\bAsyncTransaction\b", "Transaction"),
+Rules = list[tuple[str, str]]
+
+#: Applied to every file, after its own rules.
+SHARED: Rules = [
     (r"\basync def\b", "def"),
     (r"\bawait ", ""),
+    (r"\b_core\.drive import\b", "_core.drive_sync import"),
+]
+
+
+@dataclass(frozen=True)
+class Twin:
+    """One generated file: its async source, its path, and its own rewrite rules."""
+
+    source: str
+    target: str
+    rules: Rules
+
+
+TWINS = [
+    Twin(
+        "src/retrysafe/_core/drive.py",
+        "src/retrysafe/_core/drive_sync.py",
+        [
+            (
+                r"This is the async source; ``drive_sync\.py`` is generated from it by "
+                r"``scripts/unasync\.py``\. An\n``async def`` needs no event loop import, so the "
+                r"loop belongs to the core\.",
+                "This file is generated from ``drive.py`` by ``scripts/unasync.py``: edit that "
+                "file, then run\nthe script.",
+            ),
+            (r"\bAwaitable, Generator\b", "Generator"),
+            (r"-> Awaitable\[Any\]:", "-> Any:"),
+            (
+                r"\n\n\s*A plain method that returns an awaitable \(not an ``async def``\) saves "
+                r"a coroutine per\n\s*action where the awaitable is ready-made \(the runners hand "
+                r"back the store's own call\n\s*for their two hot actions\)\.",
+                "",
+            ),
+        ],
+    ),
+    Twin(
+        "src/retrysafe/_async/runner.py",
+        "src/retrysafe/_sync/runner.py",
+        [
+            (
+                r'^"""The async runner: performs the request flow\'s actions against an async '
+                r"store\.",
+                '"""The sync runner: performs the request flow\'s actions against a sync store.',
+            ),
+            (
+                r"The sync twin, ``_sync/runner\.py``, is generated from this file by",
+                "This file is generated from ``_async/runner.py`` by",
+            ),
+            (
+                r"up to date\): edit this file, then run the script\.",
+                "up to date): edit that file, then run the script.",
+            ),
+            (r"\bAwaitable, Callable\b", "Callable"),
+            (r"Callable\[\[bool\], Awaitable\[None\]\]", "Callable[[bool], None]"),
+            (r"-> Awaitable\[(.+)\]:", r"-> \1:"),
+            (r"\bAsyncLeaseKeeper\b", "LeaseKeeper"),
+            (r"\bAsyncRunner\b", "Runner"),
+            (r"\bAsyncExchange\b", "Exchange"),
+            (r"\bAsyncStore\b", "Store"),
+            (r"\bAsyncTransaction\b", "Transaction"),
+            (r" \(no coroutine of ours per action on the hot\n\s*path\)", ""),
+        ],
+    ),
 ]
 
 HEADER = "# Generated from {source} by scripts/unasync.py: do not edit.\n"
@@ -57,41 +106,56 @@ def _ruff() -> str:
     return found
 
 
-def generate(source: str, text: str, unused: set[str]) -> str:
-    for pattern, replacement in RULES:
+def _ruff_run(args: list[str], text: str) -> str:
+    done = subprocess.run(
+        [_ruff(), *args, "-"], input=text, capture_output=True, text=True, cwd=ROOT, check=False
+    )
+    if done.returncode != 0:
+        sys.exit(f"unasync: ruff {args[0]} failed:\n{done.stderr}")
+    return done.stdout
+
+
+def generate(twin: Twin, text: str, used: set[str]) -> tuple[str, list[str]]:
+    """The generated text of ``twin`` and its own rules that matched nothing.
+
+    ``used`` collects the shared rules that matched.
+    """
+    unused = []
+    for pattern, replacement in twin.rules:
+        text, count = re.subn(pattern, replacement, text, flags=re.MULTILINE)
+        if not count:
+            unused.append(pattern)
+    for pattern, replacement in SHARED:
         text, count = re.subn(pattern, replacement, text, flags=re.MULTILINE)
         if count:
-            unused.discard(pattern)
-    text = HEADER.format(source=source) + text
-    formatted = subprocess.run(
-        [_ruff(), "format", "--stdin-filename", "runner.py", "-"],
-        input=text,
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        check=True,
-    )
-    return formatted.stdout
+            used.add(pattern)
+    text = HEADER.format(source=twin.source) + text
+    name = ["--stdin-filename", twin.target]
+    text = _ruff_run(["check", "--select", "I", "--fix", "--quiet", *name], text)
+    return _ruff_run(["format", *name], text), unused
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="fail instead of writing")
     args = parser.parse_args()
-    unused = {pattern for pattern, _ in RULES}
+    used: set[str] = set()
+    unused: list[str] = []
     stale = []
-    for source, target in FILES:
-        wanted = generate(source, (ROOT / source).read_text(), unused)
-        path = ROOT / target
+    for twin in TWINS:
+        wanted, unused_here = generate(twin, (ROOT / twin.source).read_text(), used)
+        unused += [f"{twin.target}: {pattern}" for pattern in unused_here]
+        path = ROOT / twin.target
         if path.exists() and path.read_text() == wanted:
             continue
         if args.check:
-            stale.append(target)
+            stale.append(twin.target)
         else:
             path.write_text(wanted)
-            print(f"unasync: wrote {target}")
+            print(f"unasync: wrote {twin.target}")
+    unused += [f"(shared) {pattern}" for pattern, _ in SHARED if pattern not in used]
     if unused:
-        print("unasync: rules that matched nothing:", *sorted(unused), sep="\n  ", file=sys.stderr)
+        print("unasync: rules that matched nothing:", *unused, sep="\n  ", file=sys.stderr)
         return 1
     if stale:
         print(
