@@ -29,7 +29,12 @@ Rules = list[tuple[str, str]]
 #: Applied to every file, after its own rules.
 SHARED: Rules = [
     (r"\basync def\b", "def"),
+    (r"\basync with\b", "with"),
+    (r"\basync for\b", "for"),
     (r"\bawait ", ""),
+    (r"\bimport asyncio\b", "import threading"),
+    (r"\basyncio\.Lock\(\)", "threading.Lock()"),
+    (r"\baclose\b", "close"),
     (r"\b_core\.drive import\b", "_core.drive_sync import"),
 ]
 
@@ -91,6 +96,72 @@ TWINS = [
             (r"\bAsyncStore\b", "Store"),
             (r"\bAsyncTransaction\b", "Transaction"),
             (r" \(no coroutine of ours per action on the hot\n\s*path\)", ""),
+        ],
+    ),
+    Twin(
+        "src/retrysafe/stores/postgres/_async.py",
+        "src/retrysafe/stores/postgres/_sync.py",
+        [
+            (r'^"""The async PostgreSQL store:', '"""The sync PostgreSQL store:'),
+            (
+                r"The sync twin, ``_sync\.py`` \(psycopg\), is generated from this file by "
+                r"``scripts/unasync\.py``\n\(``make lint`` checks that it is up to date\): edit "
+                r"this file, then run the script\.",
+                "This file is generated from ``_async.py`` by ``scripts/unasync.py`` (``make "
+                "lint`` checks\nthat it is up to date): edit that file, then run the script.",
+            ),
+            (r"\bAsyncPostgresStore\b", "PostgresStore"),
+            (r"\bAsyncPostgresTransaction\b", "PostgresTransaction"),
+            (r"\bAsyncpgDriver\b", "PsycopgDriver"),
+            (r"\b_asyncpg\b", "_psycopg"),
+            (r"\basyncpg\b", "psycopg"),
+            (r"\bAsyncStore\b", "Store"),
+            (r" \(waits up to 10 s for connections in use, then terminates them\)", ""),
+        ],
+    ),
+    Twin(
+        "src/retrysafe/stores/redis/_client.py",
+        "src/retrysafe/stores/redis/_client_sync.py",
+        [
+            (
+                r"The sync twin, ``_client_sync\.py`` \(redis-py's sync clients\), is generated "
+                r"from this file by\n``scripts/unasync\.py`` \(``make lint`` checks that it is up "
+                r"to date\): edit this file, then run the\nscript\.",
+                "This file is generated from ``_client.py`` by ``scripts/unasync.py`` (``make "
+                "lint`` checks\nthat it is up to date): edit that file, then run the script.",
+            ),
+            (r"redis-py asyncio client", "redis-py sync client"),
+            (r"``redis\.asyncio\.Redis``", "``redis.Redis``"),
+        ],
+    ),
+    Twin(
+        "src/retrysafe/stores/redis/_async.py",
+        "src/retrysafe/stores/redis/_sync.py",
+        [
+            (r'^"""The async Redis stores', '"""The sync Redis stores'),
+            (
+                r"\(``_lean\.py`` for a URL, ``_client\.py`` for a redis-py client\)",
+                "(``_client_sync.py``, over redis-py's client)",
+            ),
+            (
+                r"The sync twin, ``_sync\.py``, is generated from this file by "
+                r"``scripts/unasync\.py`` \(``make lint``\nchecks that it is up to date\): edit "
+                r"this file, then run the script\.",
+                "This file is generated from ``_async.py`` by ``scripts/unasync.py`` (``make "
+                "lint`` checks\nthat it is up to date): edit that file, then run the script.",
+            ),
+            (r"\bAsyncRedisStore\b", "RedisStore"),
+            (r"\bAsyncRedisClusterStore\b", "RedisClusterStore"),
+            (r"\bconnect_async\b", "connect_sync"),
+            (r"\bconnect_cluster_async\b", "connect_cluster_sync"),
+            (r"\bAsyncStore\b", "Store"),
+            (r"; asynchronous \(ASGI\)", "; synchronous (WSGI, Django, scripts)"),
+            (r"the store opens its own connection", "the store creates its own redis-py client"),
+            (
+                r"redis-py asyncio client you own \(``redis\.asyncio\.Redis``",
+                "redis-py client you own (``redis.Redis``",
+            ),
+            (r"``redis\.asyncio\.RedisCluster``", "``redis.cluster.RedisCluster``"),
         ],
     ),
 ]

@@ -251,7 +251,7 @@ class PostgresOrderDB:
         """Run ``work`` on a pooled connection, with the store's pool hygiene: a connection
         that failed is discarded, one the server closed while idle is skipped (nothing was
         sent), and a lost server is :class:`DatabaseUnavailable` (a 503)."""
-        from ..stores.postgres import _asyncpg_error, _discard, _give_back, _never_sent
+        from ..stores.postgres._asyncpg import _asyncpg_error, _discard, _give_back, _never_sent
 
         pool = await self._get_pool()
         for _ in range(_POOL_SIZE + 1):
@@ -287,7 +287,7 @@ class PostgresOrderDB:
             try:
                 row = await conn.fetchrow(sql, owner, *values.values())
             except Exception as exc:
-                from ..stores.postgres import _asyncpg_error
+                from ..stores.postgres._asyncpg import _asyncpg_error
 
                 # The transaction's connection died under the handler: a store failure that
                 # the middleware answers (503, the key released), told in plain words.

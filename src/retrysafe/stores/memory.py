@@ -14,7 +14,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .._core.records import Record, Reservation, new_token
+from ._base import StoreStats
 from ._inline import InlineAsyncStore
+from ._registry import Backend, parse_store_url, register_backend
+from ._url import StoreURL
 
 __all__ = ["AsyncMemoryStore", "MemoryStore"]
 
@@ -38,6 +41,7 @@ class MemoryStore:
     """
 
     inline_safe = True
+    kind = "memory"
 
     def __init__(self, *, clock: Callable[[], float] = time.time) -> None:
         self._clock = clock
@@ -45,8 +49,10 @@ class MemoryStore:
         self._entries: dict[str, _Entry] = {}
 
     @classmethod
-    def from_url(cls, url: str) -> MemoryStore:
+    def from_url(cls, url: str | StoreURL = "memory://") -> MemoryStore:
         """Build from ``memory://``."""
+        if isinstance(url, str):
+            parse_store_url(url)
         return cls()
 
     @staticmethod
@@ -99,24 +105,22 @@ class MemoryStore:
             return None
         return entry
 
-    def renew(self, record_id: str, token: str, *, lease: float) -> bool:
-        """See :meth:`retrysafe.stores.Store.renew`."""
+    def _extend(self, record_id: str, token: str, lease: float, *, commit: bool) -> bool:
         with self._lock:
             entry = self._owned(record_id, token)
             if entry is None:
                 return False
+            entry.committed = entry.committed or commit
             entry.lease_expires_at = self._clock() + lease
             return True
 
+    def renew(self, record_id: str, token: str, *, lease: float) -> bool:
+        """See :meth:`retrysafe.stores.Store.renew`."""
+        return self._extend(record_id, token, lease, commit=False)
+
     def mark_committed(self, record_id: str, token: str, *, lease: float) -> bool:
         """See :meth:`retrysafe.stores.Store.mark_committed`."""
-        with self._lock:
-            entry = self._owned(record_id, token)
-            if entry is None:
-                return False
-            entry.committed = True
-            entry.lease_expires_at = self._clock() + lease
-            return True
+        return self._extend(record_id, token, lease, commit=True)
 
     def delete(self, record_id: str) -> bool:
         """See :meth:`retrysafe.stores.Store.delete`."""
@@ -163,6 +167,32 @@ class MemoryStore:
                 del self._entries[rid]
             return len(dead)
 
+    def stats(self) -> StoreStats:
+        """Count the records by state (see :class:`~retrysafe.stores.StoreStats`)."""
+        counts = dict.fromkeys(("completed", "in_progress", "committed", "outcome_unknown"), 0)
+        lapsed = expired = 0
+        oldest: float | None = None
+        with self._lock:
+            now = self._clock()
+            entries = list(self._entries.values())
+        for entry in entries:
+            if entry.expires_at <= now:
+                expired += 1
+            elif entry.response is not None:
+                counts["completed"] += 1
+            elif entry.lease_expires_at <= now:
+                if entry.committed:
+                    counts["outcome_unknown"] += 1
+                else:
+                    lapsed += 1
+            else:
+                counts["committed" if entry.committed else "in_progress"] += 1
+                left = entry.expires_at - now
+                oldest = left if oldest is None else min(oldest, left)
+        return StoreStats(
+            lapsed=lapsed, oldest_in_progress_retention_left=oldest, expired=expired, **counts
+        )
+
     def close(self) -> None:
         """Nothing to release."""
 
@@ -180,8 +210,10 @@ class AsyncMemoryStore(InlineAsyncStore):
         super().__init__(MemoryStore(clock=clock))
 
     @classmethod
-    def from_url(cls, url: str) -> AsyncMemoryStore:
+    def from_url(cls, url: str | StoreURL = "memory://") -> AsyncMemoryStore:
         """Build from ``memory://``."""
+        if isinstance(url, str):
+            parse_store_url(url)
         return cls()
 
     # The two operations of every keyed request, without the wrapper coroutine of _call (the
@@ -195,3 +227,8 @@ class AsyncMemoryStore(InlineAsyncStore):
     async def complete(self, record_id: str, token: str, response: bytes, *, ttl: float) -> bool:
         """See :meth:`retrysafe.stores.AsyncStore.complete`."""
         return self.sync.complete(record_id, token, response, ttl)
+
+
+register_backend(
+    Backend(name="memory", schemes=("memory",), store=MemoryStore, async_store=AsyncMemoryStore)
+)

@@ -40,14 +40,8 @@ from ...wsgi import _ClientGone as WSGIClientGone
 from ...wsgi import _read_body as read_wsgi_body
 from ...wsgi import _RequestTooLarge as WSGIRequestTooLarge
 from ...wsgi import request_from_environ
-from .conf import is_django_store, load_settings
-from .store import (
-    AsyncDjangoStore,
-    AsyncDjangoTransaction,
-    DjangoStore,
-    DjangoTransaction,
-    current_route,
-)
+from .conf import load_settings
+from .store import AsyncDjangoTransaction, DjangoTransaction, current_route
 
 __all__ = [
     "IdempotencyMiddleware",
@@ -68,22 +62,17 @@ EXCHANGE_ATTR = "_retrysafe_exchange"
 
 
 def sync_store(store: Any) -> Store:
-    """The synchronous store ``settings.RETRYSAFE["STORE"]`` names.
+    """The synchronous store ``settings.RETRYSAFE["STORE"]`` names (``"django"`` and
+    ``"django://<alias>"`` too: the store registry resolves them like any store URL).
 
     Raises:
         ConfigurationError: an unknown scheme, a missing extra or database alias.
     """
-    if is_django_store(store):
-        return DjangoStore.from_url(store)
     return resolve_store(store)
 
 
 def async_store(store: Any) -> AsyncStore:
     """The async store ``settings.RETRYSAFE["STORE"]`` names (ASGI deployments)."""
-    if is_django_store(store):
-        return AsyncDjangoStore.from_url(store)
-    if isinstance(store, DjangoStore):
-        return AsyncDjangoStore(store)
     return resolve_async_store(store)
 
 
