@@ -1,12 +1,15 @@
 #!/usr/bin/env python3
-"""Generate sync twins from their async sources (the idea of httpcore's ``scripts/unasync.py``).
+"""Generate the sync twins from their async sources (the idea of httpcore's ``scripts/unasync.py``).
 
-    python scripts/unasync.py          # rewrite every target of FILES
-    python scripts/unasync.py --check  # exit 1 if it is stale or a rewrite rule matched nothing
+    python scripts/unasync.py          # rewrite every generated file
+    python scripts/unasync.py --check  # exit 1 if one is stale or a rewrite rule matched nothing
 
-Each file has its own rules: regular expressions applied to the whole source in order; a rule
-that matches nothing is an error, so a rename in the async source cannot silently leave the twin
-behind. The result is formatted with ruff (line breaks may change once ``await`` is gone).
+Each generated file has its own rules: regular expressions applied to the whole source in order,
+after the rules every file shares (``async def`` -> ``def``, ``await`` dropped...). A file's own
+rule that matches nothing in that file is an error, and so is a shared rule that matches nothing
+in any file, so a rename in an async source cannot silently leave its twin behind. The result has
+its imports sorted and is formatted with ruff (imports renamed, line breaks once ``await`` is
+gone).
 """
 
 from __future__ import annotations
@@ -16,35 +19,34 @@ import re
 import shutil
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+
 Rules = list[tuple[str, str]]
 
-RUNNER_RULES: Rules = [
-    (
-        r'^"""The async runner: performs the request flow\'s actions against an async store\.',
-        '"""The sync runner: performs the request flow\'s actions against a sync store.',
-    ),
-    (
-        r"The sync twin, ``_sync/runner\.py``, is generated from this file by",
-        "This file is generated from ``_async/runner.py`` by",
-    ),
-    (
-        r"up to date\): edit this file, then run the script\.",
-        "up to date): edit that file, then run the script.",
-    ),
-    (r"\bAwaitable, Callable, Generator\b", "Callable, Generator"),
-    (r"Callable\[\[bool\], Awaitable\[None\]\]", "Callable[[bool], None]"),
-    (r"-> Awaitable\[(.+)\]:", r"-> \1:"),
-    (r"\bAsyncLeaseKeeper\b", "LeaseKeeper"),
-    (r"\bAsyncRunner\b", "Runner"),
-    (r"\bAsyncExchange\b", "Exchange"),
-    (r"\bAsyncStore\b", "Store"),
-    (r"\bAsyncTransaction\b", "Transaction"),
+#: Applied to every file, after its own rules.
+SHARED: Rules = [
     (r"\basync def\b", "def"),
+    (r"\basync with\b", "with"),
+    (r"\basync for\b", "for"),
     (r"\bawait ", ""),
+    (r"\bimport asyncio\b", "import threading"),
+    (r"\basyncio\.Lock\(\)", "threading.Lock()"),
+    (r"\baclose\b", "close"),
+    (r"\b_core\.drive import\b", "_core.drive_sync import"),
 ]
+
+
+@dataclass(frozen=True)
+class Twin:
+    """One generated file: its async source, its path, and its own rewrite rules."""
+
+    source: str
+    target: str
+    rules: Rules
+
 
 DJANGO_VIEW_RULES: Rules = [
     (r"view on an ASGI stack: claim", "view on a WSGI stack: claim"),
@@ -58,14 +60,13 @@ DJANGO_VIEW_RULES: Rules = [
     (r"\._async\.runner\b", "._sync.runner"),
     (r"\bAsync(Exchange|Runner|DjangoTransaction)\b", r"\1"),
     (r"\ba(capture_response|request_user)\b", r"\1"),  # the hand-written pairs of _shell.py
-    (r"\basync def\b", "def"),
-    (r"\bawait ", ""),
 ]
 
 
 def _client_rules(module: str, *rules: tuple[str, str]) -> Rules:
     """Rules of a module of the client's ``_async/``: its docstring's pointer, ``rules``, then
-    the ``Awaitable`` annotations, ``aclose`` and ``async``/``await`` that every one of them has."""
+    the ``Awaitable`` annotations that every one of them has (``async``/``await`` and ``aclose``
+    are the shared rules)."""
     return [
         (
             rf"The sync twin, ``_sync/{module}\.py``, is generated from this file by",
@@ -78,9 +79,6 @@ def _client_rules(module: str, *rules: tuple[str, str]) -> Rules:
         *rules,
         (r"\bAwaitable, ", ""),
         (r"Awaitable\[(\w+)\]", r"\1"),
-        (r"\baclose\b", "close"),
-        (r"\basync def\b", "def"),
-        (r"\bawait ", ""),
     ]
 
 
@@ -132,28 +130,139 @@ DEMO_HUB_RULES: Rules = [
     (r"scope: the request's ASGI scope", "scope: the request's WSGI environ"),
     (r"\bopen_async_driver\b", "open_driver"),
     (r"\bAsyncOrderHub\b", "OrderHub"),
-    (r"\baclose\b", "close"),
-    (r"\basync def\b", "def"),
-    (r"\bawait ", ""),
 ]
-FILES: list[tuple[str, str, Rules]] = [
-    ("src/retrysafe/_async/runner.py", "src/retrysafe/_sync/runner.py", RUNNER_RULES),
-    (
+TWINS = [
+    Twin(
+        "src/retrysafe/_core/drive.py",
+        "src/retrysafe/_core/drive_sync.py",
+        [
+            (
+                r"This is the async source; ``drive_sync\.py`` is generated from it by "
+                r"``scripts/unasync\.py``\. An\n``async def`` needs no event loop import, so the "
+                r"loop belongs to the core\.",
+                "This file is generated from ``drive.py`` by ``scripts/unasync.py``: edit that "
+                "file, then run\nthe script.",
+            ),
+            (r"\bAwaitable, Generator\b", "Generator"),
+            (r"-> Awaitable\[Any\]:", "-> Any:"),
+            (
+                r"\n\n\s*A plain method that returns an awaitable \(not an ``async def``\) saves "
+                r"a coroutine per\n\s*action where the awaitable is ready-made \(the runners hand "
+                r"back the store's own call\n\s*for their two hot actions\)\.",
+                "",
+            ),
+        ],
+    ),
+    Twin(
+        "src/retrysafe/_async/runner.py",
+        "src/retrysafe/_sync/runner.py",
+        [
+            (
+                r'^"""The async runner: performs the request flow\'s actions against an async '
+                r"store\.",
+                '"""The sync runner: performs the request flow\'s actions against a sync store.',
+            ),
+            (
+                r"The sync twin, ``_sync/runner\.py``, is generated from this file by",
+                "This file is generated from ``_async/runner.py`` by",
+            ),
+            (
+                r"up to date\): edit this file, then run the script\.",
+                "up to date): edit that file, then run the script.",
+            ),
+            (r"\bAwaitable, Callable\b", "Callable"),
+            (r"Callable\[\[bool\], Awaitable\[None\]\]", "Callable[[bool], None]"),
+            (r"-> Awaitable\[(.+)\]:", r"-> \1:"),
+            (r"\bAsyncLeaseKeeper\b", "LeaseKeeper"),
+            (r"\bAsyncRunner\b", "Runner"),
+            (r"\bAsyncExchange\b", "Exchange"),
+            (r"\bAsyncStore\b", "Store"),
+            (r"\bAsyncTransaction\b", "Transaction"),
+            (r" \(no coroutine of ours per action on the hot\n\s*path\)", ""),
+        ],
+    ),
+    Twin(
+        "src/retrysafe/stores/postgres/_async.py",
+        "src/retrysafe/stores/postgres/_sync.py",
+        [
+            (r'^"""The async PostgreSQL store:', '"""The sync PostgreSQL store:'),
+            (
+                r"The sync twin, ``_sync\.py`` \(psycopg\), is generated from this file by "
+                r"``scripts/unasync\.py``\n\(``make lint`` checks that it is up to date\): edit "
+                r"this file, then run the script\.",
+                "This file is generated from ``_async.py`` by ``scripts/unasync.py`` (``make "
+                "lint`` checks\nthat it is up to date): edit that file, then run the script.",
+            ),
+            (r"\bAsyncPostgresStore\b", "PostgresStore"),
+            (r"\bAsyncPostgresTransaction\b", "PostgresTransaction"),
+            (r"\bAsyncpgDriver\b", "PsycopgDriver"),
+            (r"\b_asyncpg\b", "_psycopg"),
+            (r"\basyncpg\b", "psycopg"),
+            (r"\bAsyncStore\b", "Store"),
+            (r" \(waits up to 10 s for connections in use, then terminates them\)", ""),
+        ],
+    ),
+    Twin(
+        "src/retrysafe/stores/redis/_client.py",
+        "src/retrysafe/stores/redis/_client_sync.py",
+        [
+            (
+                r"The sync twin, ``_client_sync\.py`` \(redis-py's sync clients\), is generated "
+                r"from this file by\n``scripts/unasync\.py`` \(``make lint`` checks that it is up "
+                r"to date\): edit this file, then run the\nscript\.",
+                "This file is generated from ``_client.py`` by ``scripts/unasync.py`` (``make "
+                "lint`` checks\nthat it is up to date): edit that file, then run the script.",
+            ),
+            (r"redis-py asyncio client", "redis-py sync client"),
+            (r"``redis\.asyncio\.Redis``", "``redis.Redis``"),
+        ],
+    ),
+    Twin(
+        "src/retrysafe/stores/redis/_async.py",
+        "src/retrysafe/stores/redis/_sync.py",
+        [
+            (r'^"""The async Redis stores', '"""The sync Redis stores'),
+            (
+                r"\(``_lean\.py`` for a URL, ``_client\.py`` for a redis-py client\)",
+                "(``_client_sync.py``, over redis-py's client)",
+            ),
+            (
+                r"The sync twin, ``_sync\.py``, is generated from this file by "
+                r"``scripts/unasync\.py`` \(``make lint``\nchecks that it is up to date\): edit "
+                r"this file, then run the script\.",
+                "This file is generated from ``_async.py`` by ``scripts/unasync.py`` (``make "
+                "lint`` checks\nthat it is up to date): edit that file, then run the script.",
+            ),
+            (r"\bAsyncRedisStore\b", "RedisStore"),
+            (r"\bAsyncRedisClusterStore\b", "RedisClusterStore"),
+            (r"\bconnect_async\b", "connect_sync"),
+            (r"\bconnect_cluster_async\b", "connect_cluster_sync"),
+            (r"\bAsyncStore\b", "Store"),
+            (r"; asynchronous \(ASGI\)", "; synchronous (WSGI, Django, scripts)"),
+            (r"the store opens its own connection", "the store creates its own redis-py client"),
+            (
+                r"redis-py asyncio client you own \(``redis\.asyncio\.Redis``",
+                "redis-py client you own (``redis.Redis``",
+            ),
+            (r"``redis\.asyncio\.RedisCluster``", "``redis.cluster.RedisCluster``"),
+        ],
+    ),
+    Twin(
         "src/retrysafe/contrib/django/_async_view.py",
         "src/retrysafe/contrib/django/_sync_view.py",
         DJANGO_VIEW_RULES,
     ),
-    (
+    Twin(
         "src/retrysafe/client/_async/retry.py",
         "src/retrysafe/client/_sync/retry.py",
         CLIENT_RETRY_RULES,
     ),
-    (
+    Twin(
         "src/retrysafe/client/_async/transport.py",
         "src/retrysafe/client/_sync/transport.py",
         CLIENT_TRANSPORT_RULES,
     ),
-    ("src/retrysafe/demo/_async_hub.py", "src/retrysafe/demo/_sync_hub.py", DEMO_HUB_RULES),
+    Twin("src/retrysafe/demo/_async_hub.py", "src/retrysafe/demo/_sync_hub.py", DEMO_HUB_RULES),
 ]
 
 HEADER = "# Generated from {source} by scripts/unasync.py: do not edit.\n"
@@ -167,46 +276,56 @@ def _ruff() -> str:
     return found
 
 
-def generate(
-    source: str, target: str, text: str, rules: Rules, unused: set[tuple[str, str]]
-) -> str:
-    for pattern, replacement in rules:
+def _ruff_run(args: list[str], text: str) -> str:
+    done = subprocess.run(
+        [_ruff(), *args, "-"], input=text, capture_output=True, text=True, cwd=ROOT, check=False
+    )
+    if done.returncode != 0:
+        sys.exit(f"unasync: ruff {args[0]} failed:\n{done.stderr}")
+    return done.stdout
+
+
+def generate(twin: Twin, text: str, used: set[str]) -> tuple[str, list[str]]:
+    """The generated text of ``twin`` and its own rules that matched nothing.
+
+    ``used`` collects the shared rules that matched.
+    """
+    unused = []
+    for pattern, replacement in twin.rules:
+        text, count = re.subn(pattern, replacement, text, flags=re.MULTILINE)
+        if not count:
+            unused.append(pattern)
+    for pattern, replacement in SHARED:
         text, count = re.subn(pattern, replacement, text, flags=re.MULTILINE)
         if count:
-            unused.discard((source, pattern))
-    text = HEADER.format(source=source) + text
-    # Imports sorted again (``_async`` and ``_sync`` sort differently), then formatted.
-    for command in (["check", "--select", "I", "--fix-only", "--quiet"], ["format"]):
-        text = subprocess.run(
-            [_ruff(), *command, "--stdin-filename", target, "-"],
-            input=text,
-            capture_output=True,
-            text=True,
-            cwd=ROOT,
-            check=True,
-        ).stdout
-    return text
+            used.add(pattern)
+    text = HEADER.format(source=twin.source) + text
+    name = ["--stdin-filename", twin.target]
+    text = _ruff_run(["check", "--select", "I", "--fix", "--quiet", *name], text)
+    return _ruff_run(["format", *name], text), unused
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="fail instead of writing")
     args = parser.parse_args()
-    unused = {(source, pattern) for source, _, rules in FILES for pattern, _ in rules}
+    used: set[str] = set()
+    unused: list[str] = []
     stale = []
-    for source, target, rules in FILES:
-        wanted = generate(source, target, (ROOT / source).read_text(), rules, unused)
-        path = ROOT / target
+    for twin in TWINS:
+        wanted, unused_here = generate(twin, (ROOT / twin.source).read_text(), used)
+        unused += [f"{twin.target}: {pattern}" for pattern in unused_here]
+        path = ROOT / twin.target
         if path.exists() and path.read_text() == wanted:
             continue
         if args.check:
-            stale.append(target)
+            stale.append(twin.target)
         else:
             path.write_text(wanted)
-            print(f"unasync: wrote {target}")
+            print(f"unasync: wrote {twin.target}")
+    unused += [f"(shared) {pattern}" for pattern, _ in SHARED if pattern not in used]
     if unused:
-        unmatched = [f"{source}: {pattern}" for source, pattern in sorted(unused)]
-        print("unasync: rules that matched nothing:", *unmatched, sep="\n  ", file=sys.stderr)
+        print("unasync: rules that matched nothing:", *unused, sep="\n  ", file=sys.stderr)
         return 1
     if stale:
         print(

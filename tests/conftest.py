@@ -7,9 +7,13 @@ import os
 import socket
 import uuid
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 import pytest
+
+if TYPE_CHECKING:
+    from .stores.cluster import RedisClusterProcs
 
 IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
 REDIS_URL = os.environ.get("RETRYSAFE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -55,6 +59,21 @@ def postgres_url() -> str:
     if problem:
         service_missing("PostgreSQL", problem)
     return POSTGRES_URL
+
+
+@pytest.fixture(scope="session")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClusterProcs]:
+    """A real 3-master + 3-replica Redis Cluster on loopback, once per session (the store
+    tests and the operator tools' tests share it)."""
+    from .stores.cluster import RedisClusterProcs, cluster_binaries
+
+    if cluster_binaries() is None:
+        service_missing("redis-server / redis-cli", "not on PATH (Debian: redis-server)")
+    procs = RedisClusterProcs(tmp_path_factory.mktemp("redis-cluster"))
+    try:
+        yield procs.start()
+    finally:
+        procs.stop()
 
 
 @pytest.fixture

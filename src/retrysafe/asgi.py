@@ -211,9 +211,7 @@ class _Execution(AsyncExchange):
             if not self.settled:
                 await self.incomplete()
         finally:
-            steps = self.flow.finish()
-            if steps is not None:
-                await self._drive(steps)
+            await self.end()
             del self.scope[CONTEXT_SCOPE_KEY]  # the request holds the scope: leave no cycle
 
     def _detach(self) -> bool:

@@ -323,8 +323,9 @@ def _purge_dry_run(args: argparse.Namespace) -> int:
 
     with _open_store(args.store) as store:
         expired = store_stats(store).expired
-    if args.store.startswith(("redis://", "rediss://")):
-        print("would purge 0 expired records (Redis expires records by itself)")
+        by_itself = getattr(store, "expires_records", False)
+    if by_itself:
+        print("would purge 0 expired records (the store expires records by itself)")
     else:
         print(f"would purge {expired} expired records (dry run: nothing deleted)")
     return 0

@@ -15,9 +15,9 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.test import Client
 
-from retrysafe import stores
 from retrysafe._core.keys import record_id
 from retrysafe.contrib.django.store import DjangoStore
+from retrysafe.stores._registry import schemes
 
 from . import views
 from .conftest import Api
@@ -96,7 +96,7 @@ def test_a_bad_store_fails_with_one_clear_line_and_exit_status_1(tmp_path: Path)
         env={"DJANGO_SETTINGS_MODULE": "tests.django.settings", "PATH": "/usr/bin:/bin"},
     )  # fmt: skip
     assert result.returncode == 1
-    known = ", ".join(sorted(f"{scheme}://" for scheme in stores._REGISTRY))
+    known = ", ".join(f"{scheme}://" for scheme in schemes())
     assert result.stderr.strip().splitlines() == [
         f"CommandError: unknown store URL scheme in 'ftp': use {known}"
     ]

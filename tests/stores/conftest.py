@@ -1,13 +1,16 @@
 """One store conformance suite, parametrized over every backend (ids: memory, sqlite, postgres,
-redis, redis-cluster). A backend gives an async store, its sync twin over the same data, a way to
-move time forward, and (when the data is shared between processes) a URL another process can
-open."""
+redis, redis-cluster, third-party). A backend gives an async store, its sync twin over the same
+data, a way to move time forward, and (when the data is shared between processes) a URL another
+process can open.
+
+``third-party`` is a backend from outside the package (:mod:`tests.stores.thirdparty`),
+registered by its own call and built through the store registry from its URL."""
 
 from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,11 +23,13 @@ from retrysafe.stores import (
     MemoryStore,
     SQLiteStore,
     Store,
+    async_store_from_url,
+    store_from_url,
 )
 
 from ..clock import FakeClock
-from ..conftest import RUN_ID, service_missing
-from .cluster import RedisClusterProcs, cluster_binaries
+from ..conftest import RUN_ID
+from . import thirdparty
 
 
 @dataclass
@@ -77,20 +82,20 @@ async def _redis(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterato
         yield backend
 
 
-@pytest.fixture(scope="session")
-def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClusterProcs]:
-    """A real 3-master + 3-replica Redis Cluster on loopback, once per session."""
-    if cluster_binaries() is None:
-        service_missing("redis-server / redis-cli", "not on PATH (Debian: redis-server)")
-    procs = RedisClusterProcs(tmp_path_factory.mktemp("redis-cluster"))
-    try:
-        yield procs.start()
-    finally:
-        procs.stop()
+async def _third_party() -> AsyncIterator[Backend]:
+    with thirdparty.registered():
+        url = f"tiny://table-{uuid.uuid4().hex[:8]}?clock_skew=0"
+        store = async_store_from_url(url)
+        sync = store_from_url(url)
+        yield Backend("third-party", store, sync, real_sleep, purge_counts=True)
+        await store.aclose()
+        sync.close()
 
 
 async def _redis_cluster(request: pytest.FixtureRequest) -> AsyncIterator[Backend]:
     from retrysafe.stores.redis_cluster import AsyncRedisClusterStore, RedisClusterStore
+
+    from .cluster import RedisClusterProcs
 
     procs: RedisClusterProcs = request.getfixturevalue("redis_cluster")
     prefix = f"rs-test-{RUN_ID}-{uuid.uuid4().hex[:8]}:"
@@ -111,6 +116,7 @@ async def _redis_cluster(request: pytest.FixtureRequest) -> AsyncIterator[Backen
         pytest.param("postgres", id="postgres"),
         pytest.param("redis", id="redis"),
         pytest.param("redis-cluster", id="redis-cluster"),
+        pytest.param("third-party", id="third-party"),
     ]
 )
 async def backend(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Backend]:
@@ -124,6 +130,8 @@ async def backend(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterat
         gen = _postgres(tmp_path, request)
     elif kind == "redis-cluster":
         gen = _redis_cluster(request)
+    elif kind == "third-party":
+        gen = _third_party()
     else:
         gen = _redis(tmp_path, request)
     async for item in gen:

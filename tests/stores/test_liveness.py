@@ -260,7 +260,7 @@ def test_tokens_name_their_owner_only_when_marked() -> None:
 
 
 def test_process_identity_tells_a_live_process_from_a_dead_or_reused_pid() -> None:
-    from retrysafe.stores._liveness import ProcessIdentity, is_dead, this_process
+    from retrysafe.stores.sqlite._liveness import ProcessIdentity, is_dead, this_process
 
     here = this_process()
     if here is None:

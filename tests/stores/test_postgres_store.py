@@ -11,8 +11,8 @@ import pytest
 from retrysafe._core.errors import ConfigurationError, StoreError, StoreUnavailableError
 from retrysafe.cli import main
 from retrysafe.stores import async_store_from_url, store_from_url
-from retrysafe.stores._postgres_sql import PostgresOptions, Query, Rows
 from retrysafe.stores.postgres import AsyncPostgresStore, PostgresStore
+from retrysafe.stores.postgres._sql import PostgresOptions, Query, Rows
 
 from ..e2e.servers import free_port
 from .backend_postgres import admin_connect, fresh_table_url, with_options
@@ -38,16 +38,16 @@ def _table_exists(url: str, table: str) -> bool:
 
 
 def _count_statements(store: AsyncPostgresStore, name: str) -> list[int]:
-    """Count how many times ``store`` sends statement ``name`` (wraps its real _fetch)."""
+    """Count how many times ``store`` sends statement ``name`` (wraps its driver's perform)."""
     sent = [0]
-    real = store._fetch
+    real = store._driver.perform
 
     async def counting(query: Query) -> Rows:
         if query.statement.name == name:
             sent[0] += 1
         return await real(query)
 
-    store._fetch = counting  # type: ignore[method-assign]
+    store._driver.perform = counting  # type: ignore[method-assign]
     return sent
 
 
@@ -235,7 +235,7 @@ async def test_synchronous_commit_option_applies_to_the_stores_writes(
         won = await store.reserve("k", FP, lease=5.0, ttl=60.0)
         assert won.token and await store.renew("k", won.token, lease=5.0)
         assert await store.complete("k", won.token, b"r", ttl=60.0)
-        pool = store._pool
+        pool = store._driver._pool
         async with pool.acquire() as conn:
             # set_config(..., true) is transaction-local: the pooled session keeps the default.
             assert await conn.fetchval("SHOW synchronous_commit") == "on"

@@ -17,7 +17,8 @@ import redis.asyncio as redis_asyncio
 
 from retrysafe import ConfigurationError, StoreError, StoreUnavailableError
 from retrysafe.stores import async_store_from_url, store_from_url
-from retrysafe.stores.redis import _RESERVE, AsyncRedisStore, RedisStore, parse_redis_url
+from retrysafe.stores.redis import AsyncRedisStore, RedisStore, parse_redis_url
+from retrysafe.stores.redis._commands import RESERVE
 
 from ..e2e.servers import free_port
 from .backend_redis import PrivateRedis, delete_prefixed, unique_prefix, with_prefix
@@ -223,7 +224,7 @@ async def test_scripts_are_reloaded_after_the_server_lost_them(
             admin.script_flush()
             assert (await op(f"a{n}")).acquired
             assert (await op(f"b{n}")).acquired  # cached again by the EVAL fallback
-        assert admin.script_exists(_RESERVE.sha) == [True]
+        assert admin.script_exists(RESERVE.sha) == [True]
     finally:
         await lean.aclose()
         await user_client.aclose()

@@ -12,9 +12,10 @@ The sync twin, ``_sync/runner.py``, is generated from this file by ``scripts/una
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Generator
-from typing import Any, TypeVar
+from collections.abc import Awaitable, Callable
+from typing import Any
 
+from .._core.drive import drive
 from .._core.flow import (
     BEGIN,
     CLOCK,
@@ -43,8 +44,6 @@ from ..stores._base import AsyncStore
 from ._keeper import AsyncLeaseKeeper
 
 __all__ = ["AsyncExchange", "AsyncRunner"]
-
-T = TypeVar("T")
 
 
 class AsyncRunner:
@@ -87,7 +86,7 @@ class AsyncExchange:
 
     def claim(self) -> Awaitable[str | Answer]:
         """See :meth:`Flow.claim` (the drive itself: no wrapper coroutine on the hot path)."""
-        return self._drive(self.flow.claim())
+        return drive(self.flow.claim(), self)
 
     def start(self) -> None:
         """The handler starts: renew its lease until it settles."""
@@ -105,24 +104,24 @@ class AsyncExchange:
         flow = self.flow
         flow.observe(self.keeper.discard(self) - self.started)
         if not flow.in_tx:
-            return self._drive(flow.settle_plain(status, headers, body, omitted))
-        return self._drive(flow.settle(status, headers, body, omitted))
+            return drive(flow.settle_plain(status, headers, body, omitted), self)
+        return drive(flow.settle(status, headers, body, omitted), self)
 
     async def fail(self, error: BaseException, started: bool) -> Answer | None:
         """See :meth:`Flow.failed`."""
         self.keeper.discard(self)
-        return await self._drive(self.flow.failed(error, started))
+        return await drive(self.flow.failed(error, started), self)
 
     async def incomplete(self) -> None:
         """See :meth:`Flow.incomplete`."""
         self.keeper.discard(self)
-        await self._drive(self.flow.incomplete())
+        await drive(self.flow.incomplete(), self)
 
     async def end(self) -> None:
         """The request is over (whatever happened): close what is still open."""
         steps = self.flow.finish()
         if steps is not None:
-            await self._drive(steps)
+            await drive(steps, self)
 
     # -- the handler's context ---------------------------------------------------------------
 
@@ -138,53 +137,39 @@ class AsyncExchange:
 
     async def mark_committed(self) -> bool:
         """See :func:`retrysafe.mark_committed`."""
-        return await self._drive(self.flow.mark_committed())
+        return await drive(self.flow.mark_committed(), self)
 
     # -- beside the handler ------------------------------------------------------------------
 
     async def renew(self) -> bool:
         """Renew the lease (the keeper calls this); ``False``: stop renewing."""
-        return await self._drive(self.flow.renew())
+        return await drive(self.flow.renew(), self)
 
     async def _complete_later(self, data: bytes) -> None:
         try:
-            await self._drive(self.flow.complete_later(data))
+            await drive(self.flow.complete_later(data), self)
         finally:
             self.keeper.discard(self)
 
     # -- performing actions ------------------------------------------------------------------
 
-    async def _drive(self, steps: Generator[Action, Any, T]) -> T:
-        """Run one phase of the flow: perform each action it yields and send back the result,
-        or throw in what performing it raised (the flow holds the policy for it)."""
-        flow = self.flow
-        config = flow.config
-        result: Any
-        try:
-            op, arg = next(steps)
-            while True:
-                try:
-                    # The two actions of every keyed request are performed here, not through
-                    # _perform: one call less per action on the hot path.
-                    if op is RESERVE:
-                        result = await self.store.reserve(
-                            flow.record_id, flow.fingerprint, lease=config.lease, ttl=config.ttl
-                        )
-                    elif op is COMPLETE:
-                        result = await self.store.complete(
-                            flow.record_id, flow.token, arg, ttl=config.ttl
-                        )
-                    else:
-                        result = await self._perform(op, arg)
-                except BaseException as exc:
-                    op, arg = steps.throw(exc)
-                else:
-                    op, arg = steps.send(result)
-        except StopIteration as stop:
-            value: T = stop.value
-            return value
+    def perform(self, action: Action) -> Awaitable[Any]:
+        """Carry out one action of the flow (for :func:`drive`). The two actions of every keyed
+        request hand back the store's own call (no coroutine of ours per action on the hot
+        path)."""
+        op, arg = action
+        if op is RESERVE:
+            flow = self.flow
+            config = flow.config
+            return self.store.reserve(
+                flow.record_id, flow.fingerprint, lease=config.lease, ttl=config.ttl
+            )
+        if op is COMPLETE:
+            flow = self.flow
+            return self.store.complete(flow.record_id, flow.token, arg, ttl=flow.config.ttl)
+        return self._act(op, arg)
 
-    async def _perform(self, op: str, arg: Any) -> Any:
+    async def _act(self, op: str, arg: Any) -> Any:
         flow = self.flow
         token = flow.token  # "" before the key is won (only EMIT, CLOCK, SLEEP then)
         if op is RELEASE:

@@ -13,9 +13,10 @@ This file is generated from ``_async/runner.py`` by ``scripts/unasync.py``
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Generator
-from typing import Any, TypeVar
+from collections.abc import Callable
+from typing import Any
 
+from .._core.drive_sync import drive
 from .._core.flow import (
     BEGIN,
     CLOCK,
@@ -44,8 +45,6 @@ from ..stores._base import Store
 from ._keeper import LeaseKeeper
 
 __all__ = ["Exchange", "Runner"]
-
-T = TypeVar("T")
 
 
 class Runner:
@@ -88,7 +87,7 @@ class Exchange:
 
     def claim(self) -> str | Answer:
         """See :meth:`Flow.claim` (the drive itself: no wrapper coroutine on the hot path)."""
-        return self._drive(self.flow.claim())
+        return drive(self.flow.claim(), self)
 
     def start(self) -> None:
         """The handler starts: renew its lease until it settles."""
@@ -106,24 +105,24 @@ class Exchange:
         flow = self.flow
         flow.observe(self.keeper.discard(self) - self.started)
         if not flow.in_tx:
-            return self._drive(flow.settle_plain(status, headers, body, omitted))
-        return self._drive(flow.settle(status, headers, body, omitted))
+            return drive(flow.settle_plain(status, headers, body, omitted), self)
+        return drive(flow.settle(status, headers, body, omitted), self)
 
     def fail(self, error: BaseException, started: bool) -> Answer | None:
         """See :meth:`Flow.failed`."""
         self.keeper.discard(self)
-        return self._drive(self.flow.failed(error, started))
+        return drive(self.flow.failed(error, started), self)
 
     def incomplete(self) -> None:
         """See :meth:`Flow.incomplete`."""
         self.keeper.discard(self)
-        self._drive(self.flow.incomplete())
+        drive(self.flow.incomplete(), self)
 
     def end(self) -> None:
         """The request is over (whatever happened): close what is still open."""
         steps = self.flow.finish()
         if steps is not None:
-            self._drive(steps)
+            drive(steps, self)
 
     # -- the handler's context ---------------------------------------------------------------
 
@@ -139,53 +138,38 @@ class Exchange:
 
     def mark_committed(self) -> bool:
         """See :func:`retrysafe.mark_committed`."""
-        return self._drive(self.flow.mark_committed())
+        return drive(self.flow.mark_committed(), self)
 
     # -- beside the handler ------------------------------------------------------------------
 
     def renew(self) -> bool:
         """Renew the lease (the keeper calls this); ``False``: stop renewing."""
-        return self._drive(self.flow.renew())
+        return drive(self.flow.renew(), self)
 
     def _complete_later(self, data: bytes) -> None:
         try:
-            self._drive(self.flow.complete_later(data))
+            drive(self.flow.complete_later(data), self)
         finally:
             self.keeper.discard(self)
 
     # -- performing actions ------------------------------------------------------------------
 
-    def _drive(self, steps: Generator[Action, Any, T]) -> T:
-        """Run one phase of the flow: perform each action it yields and send back the result,
-        or throw in what performing it raised (the flow holds the policy for it)."""
-        flow = self.flow
-        config = flow.config
-        result: Any
-        try:
-            op, arg = next(steps)
-            while True:
-                try:
-                    # The two actions of every keyed request are performed here, not through
-                    # _perform: one call less per action on the hot path.
-                    if op is RESERVE:
-                        result = self.store.reserve(
-                            flow.record_id, flow.fingerprint, lease=config.lease, ttl=config.ttl
-                        )
-                    elif op is COMPLETE:
-                        result = self.store.complete(
-                            flow.record_id, flow.token, arg, ttl=config.ttl
-                        )
-                    else:
-                        result = self._perform(op, arg)
-                except BaseException as exc:
-                    op, arg = steps.throw(exc)
-                else:
-                    op, arg = steps.send(result)
-        except StopIteration as stop:
-            value: T = stop.value
-            return value
+    def perform(self, action: Action) -> Any:
+        """Carry out one action of the flow (for :func:`drive`). The two actions of every keyed
+        request hand back the store's own call."""
+        op, arg = action
+        if op is RESERVE:
+            flow = self.flow
+            config = flow.config
+            return self.store.reserve(
+                flow.record_id, flow.fingerprint, lease=config.lease, ttl=config.ttl
+            )
+        if op is COMPLETE:
+            flow = self.flow
+            return self.store.complete(flow.record_id, flow.token, arg, ttl=flow.config.ttl)
+        return self._act(op, arg)
 
-    def _perform(self, op: str, arg: Any) -> Any:
+    def _act(self, op: str, arg: Any) -> Any:
         flow = self.flow
         token = flow.token  # "" before the key is won (only EMIT, CLOCK, SLEEP then)
         if op is RELEASE:

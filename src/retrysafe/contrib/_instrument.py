@@ -37,13 +37,6 @@ OUTCOMES: dict[str, str] = {
 #: Returns a context manager that observes one store operation, given the operation's name.
 Observe = Callable[[str], AbstractContextManager[Any]]
 
-_KINDS = {
-    "memory": "memory",
-    "sqlite": "sqlite",
-    "postgres": "postgres",
-    "redis": "redis",
-}
-
 
 def store_kind(store: object) -> str:
     """A short, bounded name for a store's backend (a metric label): ``sqlite``, ``redis``...
@@ -52,16 +45,13 @@ def store_kind(store: object) -> str:
         store: a store instance (async, inline-wrapped sync, or instrumented).
 
     Returns:
-        ``memory``, ``sqlite``, ``postgres``, ``redis``, else the lower-case class name.
+        The store's own ``kind`` (its backend says it), else the lower-case class name.
     """
     inner = getattr(store, "inner", None) or getattr(store, "sync", None)
     if inner is not None and inner is not store:
         return store_kind(inner)
-    name = type(store).__name__.lower()
-    for marker, kind in _KINDS.items():
-        if marker in name:
-            return kind
-    return name
+    kind = getattr(type(store), "kind", None)
+    return kind if isinstance(kind, str) else type(store).__name__.lower()
 
 
 class InstrumentedStore:

@@ -4,15 +4,65 @@ A store keeps one record per scoped key (:mod:`retrysafe._core.records`). ``rese
 single atomic step that decides the winner; ``renew``, ``complete`` and ``release`` are
 compare-and-set on the reservation's token (fencing), so a process that lost its lease can
 neither overwrite nor delete the record of the request that took over.
+
+Optional, beside the contract: ``stats()`` (:class:`StoreStats`, what ``retrysafe stats``
+shows), ``begin()`` (transactional mode, SQL stores), ``kind`` (a short name of the backend, for
+metric labels), ``as_async()`` (a synchronous store's async face, when it is not simply run
+inline).
 """
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from dataclasses import asdict, dataclass
+from typing import Any, Protocol, runtime_checkable
 
 from .._core.records import Record, Reservation
 
-__all__ = ["AsyncStore", "Store"]
+__all__ = ["AsyncStore", "Store", "StoreStats"]
+
+
+@dataclass(frozen=True, slots=True)
+class StoreStats:
+    """Counts of the records in a store, by state (a store's optional ``stats()``).
+
+    Attributes:
+        completed: records with a stored response (replayed to retries).
+        in_progress: requests running now (lease live, effects not declared committed).
+        committed: requests running now whose effects are committed (``mark_committed``).
+        outcome_unknown: effects committed, response never stored, lease lapsed: retries get
+            ``409`` until an operator runs ``retrysafe resolve``.
+        lapsed: in progress with a lapsed lease (the owner died); the next retry takes it over.
+        oldest_in_progress_retention_left: seconds of retention left on the oldest live
+            in-progress record (``None``: none); its age is the retention minus this.
+        expired: records whose retention ended, which ``retrysafe purge`` would delete (0 where
+            the server expires records by itself, as Redis does).
+    """
+
+    completed: int
+    in_progress: int
+    committed: int
+    outcome_unknown: int
+    lapsed: int
+    oldest_in_progress_retention_left: float | None
+    expired: int
+
+    @classmethod
+    def from_row(cls, row: Any) -> StoreStats:
+        """From a SQL row in the order of the attributes."""
+        left = row[5]
+        return cls(
+            completed=int(row[0]),
+            in_progress=int(row[1]),
+            committed=int(row[2]),
+            outcome_unknown=int(row[3]),
+            lapsed=int(row[4]),
+            oldest_in_progress_retention_left=None if left is None else float(left),
+            expired=int(row[6]),
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        """The counts as a JSON-ready dict."""
+        return asdict(self)
 
 
 @runtime_checkable

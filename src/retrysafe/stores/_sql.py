@@ -1,4 +1,4 @@
-"""Read named SQL statements from the package's ``.sql`` files.
+"""Read named SQL statements from a backend package's ``.sql`` file.
 
 A file holds several statements, each introduced by a ``-- name: NAME`` line.
 """
@@ -30,9 +30,10 @@ def record_from_row(row: tuple[Any, ...], now: float) -> Record:
 
 
 @functools.cache
-def load_queries(filename: str) -> dict[str, str]:
-    """Return ``{name: statement}`` for ``retrysafe/stores/sql/<filename>``."""
-    text = resources.files("retrysafe.stores").joinpath("sql", filename).read_text("utf-8")
+def load_queries(package: str, filename: str) -> dict[str, str]:
+    """Return ``{name: statement}`` for the file ``filename`` of ``package``
+    (``load_queries("retrysafe.stores.sqlite", "sqlite.sql")``)."""
+    text = resources.files(package).joinpath(filename).read_text("utf-8")
     queries: dict[str, str] = {}
     name: str | None = None
     lines: list[str] = []

@@ -36,8 +36,7 @@ from ..._sync.runner import Runner
 from ...stores import AsyncStore, Store, resolve_async_store, resolve_store
 from . import _async_view, _sync_view
 from ._shell import EXCHANGE_ATTR, Admitted, neutral_request, read_body, to_response
-from .conf import is_django_store, load_settings
-from .store import AsyncDjangoStore, DjangoStore
+from .conf import load_settings
 
 __all__ = [
     "IdempotencyMiddleware",
@@ -52,22 +51,17 @@ __all__ = [
 
 
 def sync_store(store: Any) -> Store:
-    """The synchronous store ``settings.RETRYSAFE["STORE"]`` names.
+    """The synchronous store ``settings.RETRYSAFE["STORE"]`` names (``"django"`` and
+    ``"django://<alias>"`` too: the store registry resolves them like any store URL).
 
     Raises:
         ConfigurationError: an unknown scheme, a missing extra or database alias.
     """
-    if is_django_store(store):
-        return DjangoStore.from_url(store)
     return resolve_store(store)
 
 
 def async_store(store: Any) -> AsyncStore:
     """The async store ``settings.RETRYSAFE["STORE"]`` names (ASGI deployments)."""
-    if is_django_store(store):
-        return AsyncDjangoStore.from_url(store)
-    if isinstance(store, DjangoStore):
-        return AsyncDjangoStore(store)
     return resolve_async_store(store)
 
 

@@ -11,6 +11,10 @@ together, or neither does.
 Times come from the app host's clock (as with the SQLite store): hosts sharing a PostgreSQL
 database through this store must keep their clocks in sync (NTP); the ``postgresql://`` URL store
 uses the database server's clock instead.
+
+The store declares itself (:data:`BACKEND`) to the store registry through the
+``retrysafe.stores`` entry point ``django``, so ``"django"`` and ``"django://<alias>"`` resolve
+like any store URL, and this module (with Django) is imported only when one is used.
 """
 
 from __future__ import annotations
@@ -32,9 +36,12 @@ from django.db import (
 
 from ..._core.errors import ConfigurationError, StoreError, StoreUnavailableError
 from ..._core.records import Record, Reservation, new_token
+from ...stores._registry import Backend, parse_store_url
 from ...stores._sql import record_from_row
+from ...stores._url import StoreURL
 
 __all__ = [
+    "BACKEND",
     "AsyncDjangoStore",
     "AsyncDjangoTransaction",
     "DjangoStore",
@@ -53,23 +60,20 @@ _PURGE_BATCH = 1000
 current_route: contextvars.ContextVar[str] = contextvars.ContextVar("retrysafe_route", default="")
 
 
-def parse_django_url(url: str) -> str:
+def parse_django_url(url: str | StoreURL) -> str:
     """The database alias of ``django`` / ``django://`` / ``django://<alias>``.
 
     Raises:
         ConfigurationError: not a django store URL, or the alias is not in ``DATABASES``.
     """
-    alias: str
-    if url == "django":
-        alias = DEFAULT_DB_ALIAS
-    elif url.startswith("django://"):
-        alias = str(url[len("django://") :].strip("/") or DEFAULT_DB_ALIAS)
-    else:
-        raise ConfigurationError(f"not a django store URL: {url!r} (use 'django://<alias>')")
+    parsed = parse_store_url(url) if isinstance(url, str) else url
+    if parsed.scheme != "django":
+        raise ConfigurationError(f"not a django store URL: {parsed.url!r} (use 'django://<alias>')")
+    alias: str = parsed.location or parsed.path.strip("/") or DEFAULT_DB_ALIAS
     if alias not in connections.settings:
         known = ", ".join(sorted(connections.settings)) or "none"
         raise ConfigurationError(
-            f"store {url!r}: no database {alias!r} in settings.DATABASES (known: {known})"
+            f"store {parsed.url!r}: no database {alias!r} in settings.DATABASES (known: {known})"
         )
     return alias
 
@@ -88,15 +92,21 @@ class DjangoStore:
         clock: returns the current time in seconds (injectable for tests).
     """
 
+    kind = "django"
+
     def __init__(self, alias: str = DEFAULT_DB_ALIAS, *, clock: Callable[[], float] = time.time):
         self.alias = alias
         self._clock = clock
         self._sql: dict[str, str] | None = None
 
     @classmethod
-    def from_url(cls, url: str) -> DjangoStore:
+    def from_url(cls, url: str | StoreURL) -> DjangoStore:
         """Build from ``django`` or ``django://<alias>``."""
         return cls(parse_django_url(url))
+
+    def as_async(self) -> AsyncDjangoStore:
+        """This store's async face (ASGI): each call in a worker thread."""
+        return AsyncDjangoStore(self)
 
     @property
     def vendor(self) -> str:
@@ -305,11 +315,13 @@ class AsyncDjangoStore:
         store: the synchronous store.
     """
 
+    kind = "django"
+
     def __init__(self, store: DjangoStore) -> None:
         self.sync = store
 
     @classmethod
-    def from_url(cls, url: str) -> AsyncDjangoStore:
+    def from_url(cls, url: str | StoreURL) -> AsyncDjangoStore:
         """Build from ``django`` or ``django://<alias>``."""
         return cls(DjangoStore.from_url(url))
 
@@ -405,3 +417,13 @@ class AsyncDjangoTransaction:
         """See :meth:`DjangoTransaction.close`."""
         if self.sync.begun:
             await _hop(self.sync.close, sensitive=True)()
+
+
+#: The Django ORM store's declaration, found through the ``retrysafe.stores`` entry point.
+BACKEND = Backend(
+    name="django",
+    schemes=("django",),
+    store=DjangoStore,
+    async_store=AsyncDjangoStore,
+    extra="django",
+)

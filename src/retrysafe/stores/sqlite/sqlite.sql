@@ -61,7 +61,7 @@ DELETE FROM retrysafe_records WHERE id = :id AND token = :token AND state IN (0,
 DELETE FROM retrysafe_records
 WHERE id IN (SELECT id FROM retrysafe_records WHERE expires_at <= :now LIMIT :batch);
 
--- Owner liveness (see retrysafe.stores._liveness). One row per process that reserved in this
+-- Owner liveness (see retrysafe.stores.sqlite._liveness). One row per process that reserved in this
 -- file: its instance id (the first 24 characters of its tokens) and who it is on this host.
 -- Written once per process; read only when a reserve meets an in-progress record.
 
@@ -98,3 +98,19 @@ SELECT instance, host, pid, start FROM retrysafe_owners;
 
 -- name: forget_owner
 DELETE FROM retrysafe_owners WHERE instance = :instance;
+
+-- name: stats
+-- Read-only, for `retrysafe stats` and `retrysafe purge --dry-run`. Columns: completed, in
+-- progress (lease live), committed and in progress (lease live), outcome unknown (committed,
+-- lease lapsed), lapsed (in progress, lease lapsed: the next request takes it over), seconds of
+-- retention left on the oldest live in-progress record, expired.
+SELECT
+    COALESCE(SUM(state = 1 AND expires_at > :now), 0),
+    COALESCE(SUM(state = 0 AND expires_at > :now AND lease_expires_at > :now), 0),
+    COALESCE(SUM(state = 2 AND expires_at > :now AND lease_expires_at > :now), 0),
+    COALESCE(SUM(state = 2 AND expires_at > :now AND lease_expires_at <= :now), 0),
+    COALESCE(SUM(state = 0 AND expires_at > :now AND lease_expires_at <= :now), 0),
+    MIN(CASE WHEN state IN (0, 2) AND expires_at > :now AND lease_expires_at > :now
+        THEN expires_at END) - :now,
+    COALESCE(SUM(expires_at <= :now), 0)
+FROM retrysafe_records;

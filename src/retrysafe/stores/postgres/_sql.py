@@ -1,18 +1,18 @@
 """Driver-independent half of the PostgreSQL store: options, statements, operations.
 
-Both faces of :mod:`retrysafe.stores.postgres` (asyncpg for async, psycopg for sync) and, later,
-the transactional mode run exactly this code; only the few lines that send a statement and read
-its rows differ per driver.
+Both faces of :mod:`retrysafe.stores.postgres` (asyncpg for async, psycopg for sync) and their
+transactional mode run exactly this code; only the few lines that send a statement and read its
+rows differ per driver (``_asyncpg.py``, ``_psycopg.py``).
 
 - :class:`PostgresOptions`: everything a ``postgresql://`` URL's query may set, validated once.
 - :class:`Statements`: the named statements of ``sql/postgres.sql`` with ``{table}`` filled in
   and the ``:name`` placeholders rewritten to PostgreSQL's own ``$1, $2...`` (both asyncpg and
   psycopg's ``RawCursor`` take those), plus the order in which to pass the arguments.
 - Operations (``reserve_op``, ``renew_op``...) are generators: each yields a :class:`Query`,
-  receives its rows, and returns the result. A driver loop sends the statements (see
-  ``drive_async`` / ``drive_sync`` in :mod:`retrysafe.stores.postgres`). A connection lost in
-  the middle of a statement is thrown into the generator as :class:`ConnectionLostError`, so
-  the retry policy is written once, here, for both drivers.
+  receives its rows, and returns the result. The one action loop
+  (:func:`retrysafe._core.drive.drive`) sends the statements through a driver. A connection
+  lost in the middle of a statement is thrown into the generator as
+  :class:`ConnectionLostError`, so the retry policy is written once, here, for both drivers.
 """
 
 from __future__ import annotations
@@ -21,10 +21,9 @@ import re
 from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from .._core.errors import ConfigurationError, StoreError, StoreUnavailableError
-from .._core.records import (
+from ..._core.errors import ConfigurationError, StoreError, StoreUnavailableError
+from ..._core.records import (
     Record,
     Reservation,
     instance_id,
@@ -32,9 +31,14 @@ from .._core.records import (
     new_token,
     token_owner,
 )
-from ._sql import load_queries
+from .._registry import parse_store_url
+from .._sql import load_queries
+from .._url import StoreURL, flag, non_negative, text, whole
 
 __all__ = [
+    "LIBPQ_OPTIONS",
+    "SCHEMES",
+    "URL_OPTIONS",
     "ConnectionLostError",
     "PostgresOptions",
     "Query",
@@ -47,6 +51,7 @@ __all__ = [
     "is_unavailable_sqlstate",
     "mark_committed_op",
     "owner_lock_key",
+    "owner_lock_query",
     "purge_op",
     "release_op",
     "renew_op",
@@ -63,8 +68,68 @@ RESERVE_ATTEMPTS = 50
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
 _PLACEHOLDER = re.compile(r"(?<![:\w]):([A-Za-z_][A-Za-z0-9_]*)")
 _SYNCHRONOUS_COMMIT = {"on", "off", "local", "remote_write", "remote_apply"}
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off"}
+
+SCHEMES = ("postgresql", "postgres")
+
+#: The store's own query options (see :class:`PostgresOptions`): keyword -> converter.
+URL_OPTIONS = {
+    "table": text,
+    "auto_create": flag,
+    "min_size": whole,
+    "max_size": whole,
+    "connect_timeout": non_negative,
+    "pool_timeout": non_negative,
+    "max_idle": non_negative,
+    "synchronous_commit": text,
+    "application_name": text,
+}
+
+#: libpq's connection parameters (PostgreSQL 17), left in the URL for the driver; any other
+#: query option is refused, so a misspelled store option is never sent to the server as one.
+LIBPQ_OPTIONS = frozenset(
+    {
+        "host",
+        "hostaddr",
+        "port",
+        "dbname",
+        "user",
+        "password",
+        "passfile",
+        "require_auth",
+        "channel_binding",
+        "client_encoding",
+        "options",
+        "fallback_application_name",
+        "keepalives",
+        "keepalives_idle",
+        "keepalives_interval",
+        "keepalives_count",
+        "tcp_user_timeout",
+        "replication",
+        "gssencmode",
+        "sslmode",
+        "requiressl",
+        "sslnegotiation",
+        "sslcompression",
+        "sslcert",
+        "sslkey",
+        "sslpassword",
+        "sslcertmode",
+        "sslrootcert",
+        "sslcrl",
+        "sslcrldir",
+        "sslsni",
+        "requirepeer",
+        "ssl_min_protocol_version",
+        "ssl_max_protocol_version",
+        "krbsrvname",
+        "gsslib",
+        "gssdelegation",
+        "service",
+        "target_session_attrs",
+        "load_balance_hosts",
+    }
+)
 
 
 class ConnectionLostError(StoreUnavailableError):
@@ -90,27 +155,6 @@ def is_unavailable_sqlstate(sqlstate: str | None) -> bool:
         "57P04",
         "57P05",
     }
-
-
-def _flag(name: str, value: str) -> bool:
-    lowered = value.lower()
-    if lowered in _TRUE:
-        return True
-    if lowered in _FALSE:
-        return False
-    raise ConfigurationError(f"postgres URL option {name}={value!r}: use true or false")
-
-
-def _number(name: str, value: str, kind: type[int] | type[float]) -> Any:
-    try:
-        number = kind(value)
-    except ValueError:
-        raise ConfigurationError(
-            f"postgres URL option {name}={value!r} is not a {kind.__name__}"
-        ) from None
-    if number < 0:
-        raise ConfigurationError(f"postgres URL option {name} must not be negative")
-    return number
 
 
 def quote_table(table: str) -> tuple[str, str, str]:
@@ -194,36 +238,23 @@ class PostgresOptions:
             )
 
     @classmethod
-    def from_url(cls, url: str, **overrides: Any) -> PostgresOptions:
+    def from_url(cls, url: str | StoreURL, **overrides: Any) -> PostgresOptions:
         """Split retrysafe's options off a ``postgresql://`` URL.
 
-        ``table``, ``auto_create``, ``min_size``, ``max_size``, ``connect_timeout``,
-        ``pool_timeout``, ``max_idle``, ``synchronous_commit`` and ``application_name`` are
-        read here; every
-        other query option (``sslmode``...) stays in the URL for the driver.
+        The options of :data:`URL_OPTIONS` are read here; libpq's own (``sslmode``...) stay in
+        the URL for the driver; any other is refused.
+
+        Args:
+            url: the URL (or the URL already parsed by :func:`retrysafe.stores.parse_store_url`).
+            **overrides: options given as keywords (they win over the URL's).
 
         Raises:
-            ConfigurationError: not a postgres URL, or an option has a bad value.
+            ConfigurationError: not a postgres URL, an unknown option, or a bad value.
         """
-        parts = urlsplit(url)
-        if parts.scheme.lower() not in {"postgresql", "postgres"}:
-            raise ConfigurationError(f"not a postgresql:// URL: {parts.scheme}://...")
-        kwargs: dict[str, Any] = {}
-        kept: list[tuple[str, str]] = []
-        for name, value in parse_qsl(parts.query, keep_blank_values=True):
-            if name in {"table", "synchronous_commit", "application_name"}:
-                kwargs[name] = value
-            elif name == "auto_create":
-                kwargs[name] = _flag(name, value)
-            elif name in {"min_size", "max_size"}:
-                kwargs[name] = _number(name, value, int)
-            elif name in {"connect_timeout", "pool_timeout", "max_idle"}:
-                kwargs[name] = _number(name, value, float)
-            else:
-                kept.append((name, value))
-        dsn = urlunsplit(parts._replace(query=urlencode(kept)))
-        kwargs.update(overrides)
-        return cls(dsn=dsn, **kwargs)
+        parsed = parse_store_url(url) if isinstance(url, str) else url
+        if parsed.scheme not in SCHEMES:
+            raise ConfigurationError(f"not a postgresql:// URL: {parsed.scheme}://...")
+        return cls(dsn=parsed.driver_url(), **{**parsed.options, **overrides})
 
 
 @dataclass(frozen=True, slots=True)
@@ -269,10 +300,10 @@ class Statements:
         self.synchronous_commit = options.synchronous_commit
         self.table_name = options.table
         self._by_name: dict[str, Statement] = {}
-        for name, text in load_queries("postgres.sql").items():
-            text = text.replace("{table}", options.quoted_table)
-            text = text.replace("{index}", options.quoted_index)
-            sql, params = to_dollar(text)
+        for name, source in load_queries("retrysafe.stores.postgres", "postgres.sql").items():
+            source = source.replace("{table}", options.quoted_table)
+            source = source.replace("{index}", options.quoted_index)
+            sql, params = to_dollar(source)
             self._by_name[name] = Statement(name, sql, params)
 
     def __getitem__(self, name: str) -> Statement:
@@ -324,6 +355,11 @@ def owner_lock_key(instance: str) -> int:
     """
     value = int(instance[:8], 16)
     return value - (1 << 32) if value >= 1 << 31 else value
+
+
+def owner_lock_query(q: Statements, instance: str) -> Query:
+    """The statement that takes the owner lock of ``instance`` (on its own session)."""
+    return q.query("owner_lock", owner_class=OWNER_LOCK_CLASS, owner_key=owner_lock_key(instance))
 
 
 def reserve_op(

@@ -28,10 +28,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
-from urllib.parse import parse_qs
 
-from .._core.errors import ConfigurationError, StoreError, StoreUnavailableError
-from .._core.records import (
+from ..._core.errors import ConfigurationError, StoreError, StoreUnavailableError
+from ..._core.records import (
     Record,
     Reservation,
     instance_id,
@@ -39,9 +38,12 @@ from .._core.records import (
     new_token,
     token_owner,
 )
+from .._base import StoreStats
+from .._inline import InlineAsyncStore
+from .._registry import Backend, parse_store_url, register_backend
+from .._sql import load_queries, record_from_row
+from .._url import StoreURL, non_negative, split_url
 from . import _liveness
-from ._inline import InlineAsyncStore
-from ._sql import load_queries, record_from_row
 
 __all__ = [
     "DEFAULT_BUSY_TIMEOUT",
@@ -124,40 +126,48 @@ async def retry_while_busy(operation: Callable[[], T], *, busy_timeout: float, w
             delay = min(delay * 2, 0.02)
 
 
-def busy_timeout_option(options: dict[str, str]) -> float | None:
-    """The ``busy_timeout`` URL option in seconds (``None`` when absent).
+#: The query options of a ``sqlite:///`` URL: constructor keyword -> converter.
+URL_OPTIONS = {"busy_timeout": non_negative}
+
+
+def _path(url: StoreURL) -> str:
+    """The file of a ``sqlite:///relative.db`` / ``sqlite:////abs.db`` URL.
 
     Raises:
-        ConfigurationError: not a non-negative number.
+        ConfigurationError: not a sqlite URL, a host given, or no path.
+    """
+    if url.scheme != "sqlite" or url.location:
+        raise ConfigurationError(f"not a sqlite:/// URL: {url.url!r} (sqlite:///file.db)")
+    if not url.path:
+        raise ConfigurationError("sqlite URL has no path (sqlite:///file.db)")
+    return url.path
+
+
+def parse_sqlite_url(url: str) -> tuple[str, dict[str, str]]:
+    """Split ``sqlite:///relative.db`` / ``sqlite:////abs.db`` into (path, raw query options),
+    for code that keeps its own tables beside the store's (the demo).
+
+    Raises:
+        ConfigurationError: not a sqlite URL or no path.
+    """
+    split = split_url(url)
+    return _path(split), dict(split.passed)
+
+
+def busy_timeout_option(options: dict[str, str]) -> float | None:
+    """The ``busy_timeout`` option of :func:`parse_sqlite_url`'s options in seconds
+    (``None`` when absent).
+
+    Raises:
+        ConfigurationError: not a number of seconds (>= 0).
     """
     raw = options.get("busy_timeout")
     if raw is None:
         return None
     try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not value >= 0 or value == float("inf"):
-        raise ConfigurationError(
-            f"sqlite URL option busy_timeout={raw!r} must be a number of seconds (>= 0)"
-        )
-    return value
-
-
-def parse_sqlite_url(url: str) -> tuple[str, dict[str, str]]:
-    """Split ``sqlite:///relative.db`` / ``sqlite:////abs.db`` into (path, query options).
-
-    Raises:
-        ConfigurationError: not a sqlite URL or no path.
-    """
-    if not url.startswith("sqlite:///"):
-        raise ConfigurationError(f"not a sqlite:/// URL: {url!r}")
-    rest = url[len("sqlite:///") :]
-    path, _, query = rest.partition("?")
-    if not path:
-        raise ConfigurationError("sqlite URL has no path (sqlite:///file.db)")
-    options = {k: v[-1] for k, v in parse_qs(query).items()}
-    return path, options
+        return non_negative(raw)
+    except ValueError as exc:
+        raise ConfigurationError(f"sqlite URL option busy_timeout={raw!r}: {exc}") from None
 
 
 class SQLiteStore:
@@ -172,6 +182,7 @@ class SQLiteStore:
     """
 
     inline_safe = True
+    kind = "sqlite"
 
     def __init__(
         self,
@@ -184,7 +195,7 @@ class SQLiteStore:
         self._busy_ms = int((DEFAULT_BUSY_TIMEOUT if busy_timeout is None else busy_timeout) * 1000)
         self._clock = clock
         self._local = threading.local()
-        self._q = load_queries("sqlite.sql")
+        self._q = load_queries("retrysafe.stores.sqlite", "sqlite.sql")
         self._schema_lock = threading.Lock()
         self._schema_ready = False
         self._connections: list[sqlite3.Connection] = []
@@ -193,10 +204,10 @@ class SQLiteStore:
         self._here: _liveness.ProcessIdentity | None = None
 
     @classmethod
-    def from_url(cls, url: str) -> SQLiteStore:
+    def from_url(cls, url: str | StoreURL) -> SQLiteStore:
         """Build from ``sqlite:///path.db?busy_timeout=5``."""
-        path, options = parse_sqlite_url(url)
-        return cls(path, busy_timeout=busy_timeout_option(options))
+        parsed = parse_store_url(url) if isinstance(url, str) else url
+        return cls(_path(parsed), **parsed.options)
 
     def open_connection(self) -> sqlite3.Connection:
         """Open a new connection to the store's file, set up (WAL, schema) and in autocommit.
@@ -330,7 +341,7 @@ class SQLiteStore:
                     return found
             # Released, purged or taken over between the statements: try again.
 
-    # -- owner liveness (see retrysafe.stores._liveness) ----------------------------------------
+    # -- owner liveness (see retrysafe.stores.sqlite._liveness) --------------------------------
 
     def _new_token(self) -> str:
         """A token naming this process once it is registered in the file, else a plain one."""
@@ -452,6 +463,10 @@ class SQLiteStore:
         if conn in self._connections:
             self._connections.remove(conn)
 
+    def stats(self) -> StoreStats:
+        """Count the records by state (see :class:`~retrysafe.stores.StoreStats`); one read."""
+        return StoreStats.from_row(self._run("stats", {"now": self._clock()}).fetchone())
+
     def close(self) -> None:
         """Close every connection this store opened."""
         for conn in self._connections:
@@ -487,10 +502,10 @@ class AsyncSQLiteStore(InlineAsyncStore):
         self._idle: list[sqlite3.Connection] = []
 
     @classmethod
-    def from_url(cls, url: str) -> AsyncSQLiteStore:
+    def from_url(cls, url: str | StoreURL) -> AsyncSQLiteStore:
         """Build from ``sqlite:///path.db?busy_timeout=5``."""
-        path, options = parse_sqlite_url(url)
-        return cls(path, busy_timeout=busy_timeout_option(options))
+        parsed = parse_store_url(url) if isinstance(url, str) else url
+        return cls(_path(parsed), **parsed.options)
 
     async def _call(self, operation: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         timeout = DEFAULT_BUSY_TIMEOUT if self.busy_timeout is None else self.busy_timeout
@@ -665,3 +680,14 @@ class SQLiteTransaction(_Transaction):
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             self._store.forget_connection(conn)
+
+
+register_backend(
+    Backend(
+        name="sqlite",
+        schemes=("sqlite",),
+        store=SQLiteStore,
+        async_store=AsyncSQLiteStore,
+        options=URL_OPTIONS,
+    )
+)

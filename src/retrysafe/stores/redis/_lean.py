@@ -1,4 +1,5 @@
-"""A lean asyncio Redis connection for the store's few hot commands (EVALSHA, EVAL, PING).
+"""A lean asyncio Redis connection for the store's few hot commands (EVALSHA, EVAL, PING), and
+the async store's driver over it (:class:`LeanDriver`; hand-written: nothing to generate from).
 
 Why it exists: redis-py spends 65-130 us of client CPU per command on this project's machines
 (connection-pool checkout, command packing in Python, per-call timeouts, retry wrappers), which
@@ -30,13 +31,19 @@ import asyncio
 import ssl as ssl_module
 from collections import deque
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import hiredis
 
-from .._core.errors import StoreError, StoreUnavailableError
+from ..._core.errors import StoreError, StoreUnavailableError
+from .._base import StoreStats
+from ._commands import Call, RedisURL, Tally, now_ms, reply_error
 
-__all__ = ["LeanRedis", "ReplyError", "pack_command"]
+__all__ = ["LeanDriver", "LeanRedis", "ReplyError", "pack_command"]
+
+T = TypeVar("T")
+#: Keys per SCAN and per batch of HMGETs when counting records.
+_STATS_BATCH = 500
 
 ReplyError = hiredis.ReplyError
 # hiredis's stub types the argument as a 1-tuple; it takes a tuple of any length.
@@ -272,3 +279,72 @@ class LeanRedis:
         conn, self._conn = self._conn, None
         if conn is not None:
             conn.close()
+
+
+class LeanDriver:
+    """The async store's own connection (a URL store): script calls on a :class:`LeanRedis`.
+
+    Args:
+        parsed: the store's URL.
+    """
+
+    def __init__(self, parsed: RedisURL) -> None:
+        self.lean = LeanRedis(
+            parsed.host,
+            parsed.port,
+            db=parsed.db,
+            username=parsed.username,
+            password=parsed.password,
+            ssl=(
+                ssl_module.create_default_context(cafile=parsed.ssl_ca_certs)
+                if parsed.tls
+                else None
+            ),
+            timeout=parsed.timeout,
+            connect_timeout=parsed.connect_timeout,
+        )
+
+    async def perform(self, call: Call[T]) -> T:
+        """Run one script call (``EVALSHA``, ``EVAL`` when the server lost the script)."""
+        lean = self.lean
+        script = call.script
+        try:
+            try:
+                reply = await lean.execute(pack_command(("EVALSHA", script.sha, 1, *call.args)))
+            except ReplyError as exc:
+                if not str(exc).startswith("NOSCRIPT"):
+                    raise
+                # The server lost its script cache (restart, SCRIPT FLUSH, failover): EVAL runs
+                # the script and caches it again, still one round trip.
+                reply = await lean.execute(pack_command(("EVAL", script.source, 1, *call.args)))
+        except ReplyError as exc:
+            raise reply_error(exc, script.name) from exc
+        result: T = call.parse(reply, call)
+        return result
+
+    async def beat(self, key: str, ttl_ms: int) -> None:
+        """Set a heartbeat key (the first beat; the heartbeat thread does the rest)."""
+        try:
+            await self.lean.execute(pack_command(("SET", key, b"1", "PX", ttl_ms)))
+        except ReplyError as exc:
+            raise reply_error(exc, "heartbeat") from exc
+
+    async def stats(self, pattern: str) -> StoreStats:
+        """Count the records whose keys match ``pattern`` (a SCAN, HMGETs pipelined)."""
+        lean = self.lean
+        try:
+            tally = Tally(now_ms(await lean.execute(pack_command(("TIME",)))))
+            cursor = b"0"
+            while True:
+                command = ("SCAN", cursor, "MATCH", pattern, "COUNT", _STATS_BATCH)
+                cursor, keys = await lean.execute(pack_command(command))
+                replies = [lean.execute(pack_command(("HMGET", k, "s", "l", "x"))) for k in keys]
+                tally.add(await asyncio.gather(*replies))
+                if cursor == b"0":
+                    return tally.stats()
+        except ReplyError as exc:
+            raise reply_error(exc, "stats") from exc
+
+    async def aclose(self) -> None:
+        """Close the connection."""
+        await self.lean.aclose()

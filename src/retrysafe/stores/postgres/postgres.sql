@@ -1,6 +1,6 @@
 -- PostgreSQL statements of retrysafe.stores.postgres, shared by asyncpg and psycopg.
 --
--- Placeholders are :name; retrysafe.stores._postgres_sql rewrites them to $1, $2... once at load
+-- Placeholders are :name; retrysafe.stores.postgres._sql rewrites them to $1, $2... once at load
 -- time, so both drivers run the same text (psycopg through its raw cursor). {table} is the
 -- validated, quoted table name and {index} the name of its expiry index.
 -- state: 0 = in progress (token holds the lease), 1 = completed (response stored),
@@ -212,3 +212,19 @@ took AS (
     RETURNING true
 )
 SELECT gone.dead, EXISTS (SELECT 1 FROM took) FROM gone;
+
+-- name: stats
+-- Read-only, for `retrysafe stats` and `retrysafe purge --dry-run`. Columns: completed, in
+-- progress (lease live), committed and in progress (lease live), outcome unknown (committed,
+-- lease lapsed), lapsed (in progress, lease lapsed: the next request takes it over), seconds of
+-- retention left on the oldest live in-progress record, expired.
+SELECT
+    count(*) FILTER (WHERE state = 1 AND expires_at > now()),
+    count(*) FILTER (WHERE state = 0 AND expires_at > now() AND lease_expires_at > now()),
+    count(*) FILTER (WHERE state = 2 AND expires_at > now() AND lease_expires_at > now()),
+    count(*) FILTER (WHERE state = 2 AND expires_at > now() AND lease_expires_at <= now()),
+    count(*) FILTER (WHERE state = 0 AND expires_at > now() AND lease_expires_at <= now()),
+    EXTRACT(EPOCH FROM min(expires_at) FILTER (
+        WHERE state IN (0, 2) AND expires_at > now() AND lease_expires_at > now()) - now()),
+    count(*) FILTER (WHERE expires_at <= now())
+FROM {table};

@@ -1,0 +1,79 @@
+"""The Redis stores' driver over a redis-py asyncio client: a user's own, or the cluster's.
+
+The sync twin, ``_client_sync.py`` (redis-py's sync clients), is generated from this file by
+``scripts/unasync.py`` (``make lint`` checks that it is up to date): edit this file, then run the
+script.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+from redis.exceptions import NoScriptError
+
+from .._base import StoreStats
+from ._commands import Call, Tally, now_ms
+from ._redispy import client_errors
+
+__all__ = ["ClientDriver"]
+
+T = TypeVar("T")
+#: Keys per SCAN and per pipeline of HMGETs when counting records.
+_STATS_BATCH = 500
+
+
+class ClientDriver:
+    """Script calls on a redis-py asyncio client (``redis.asyncio.Redis`` or ``RedisCluster``).
+
+    Args:
+        client: the client, created with ``decode_responses=False``.
+        owned: the store made it (it closes it); a user's client is never closed here.
+    """
+
+    def __init__(self, client: Any, *, owned: bool) -> None:
+        self.client = client
+        self.owned = owned
+
+    async def perform(self, call: Call[T]) -> T:
+        """Run one script call (``EVALSHA``, ``EVAL`` when the server lost the script)."""
+        script = call.script
+        client = self.client
+        with client_errors(script.name):
+            try:
+                reply = await client.evalsha(script.sha, 1, *call.args)
+            except NoScriptError:
+                reply = await client.eval(script.source, 1, *call.args)
+        result: T = call.parse(reply, call)
+        return result
+
+    async def beat(self, key: str, ttl_ms: int) -> None:
+        """Set a heartbeat key (the first beat; the heartbeat thread does the rest)."""
+        with client_errors("heartbeat"):
+            await self.client.set(key, b"1", px=ttl_ms)
+
+    async def stats(self, pattern: str) -> StoreStats:
+        """Count the records whose keys match ``pattern`` (a SCAN of every master; HMGETs
+        pipelined)."""
+        client = self.client
+        with client_errors("stats"):
+            tally = Tally(now_ms(await client.time()))
+            batch: list[Any] = []
+            async for name in client.scan_iter(match=pattern, count=_STATS_BATCH):
+                batch.append(name)
+                if len(batch) >= _STATS_BATCH:
+                    tally.add(await self._fields(batch))
+                    batch = []
+            if batch:
+                tally.add(await self._fields(batch))
+        return tally.stats()
+
+    async def _fields(self, names: list[Any]) -> Any:
+        pipe = self.client.pipeline(transaction=False)
+        for name in names:
+            pipe.hmget(name, "s", "l", "x")
+        return await pipe.execute()
+
+    async def aclose(self) -> None:
+        """Close the client if the store made it."""
+        if self.owned:
+            await self.client.aclose()

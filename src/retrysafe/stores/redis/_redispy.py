@@ -1,0 +1,158 @@
+"""redis-py for the Redis stores: its errors as store errors, and the clients the store builds
+(from a URL, for a cluster, lazily)."""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import redis as redis_py
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisClusterException, RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.retry import Retry
+
+from ..._core.errors import ConfigurationError, StoreError, StoreUnavailableError
+from ._commands import STORE, ClusterURL, RedisURL, reply_error
+
+__all__ = [
+    "CLIENT_ERRORS",
+    "LazyCluster",
+    "async_cluster",
+    "check_client",
+    "client_errors",
+    "redis_py_error",
+    "sync_client",
+]
+
+#: What redis-py raises: its errors, socket errors, and the cluster client's own (which is not a
+#: RedisError: "cannot be connected", no slot map...).
+CLIENT_ERRORS = (RedisError, OSError, RedisClusterException)
+
+
+def redis_py_error(exc: Exception, what: str) -> StoreError:
+    """A redis-py error as a store error: refused, lost or timed out -> unavailable (``503``)."""
+    if isinstance(exc, RedisConnectionError | RedisTimeoutError | OSError | RedisClusterException):
+        message = f"Redis {what} failed: {type(exc).__name__}: {exc}"
+        return StoreUnavailableError(message, store=STORE)
+    return reply_error(exc, what)
+
+
+@contextlib.contextmanager
+def client_errors(what: str) -> Iterator[None]:
+    """redis-py's errors as store errors; a failure inside the client (not one of its errors)
+    as the store being unavailable too: seen with redis-py 8.1's async cluster client under
+    timeouts during a failover ("'NoneType' object has no attribute 'writelines'" from a
+    connection it had reset). A 503, never the app's 500."""
+    try:
+        yield
+    except CLIENT_ERRORS as exc:
+        raise redis_py_error(exc, what) from exc
+    except Exception as exc:
+        raise StoreUnavailableError(
+            f"Redis {what} failed in the client: {type(exc).__name__}: {exc}", store=STORE
+        ) from exc
+
+
+def check_client(client: Any) -> None:
+    """Refuse a user's client that decodes replies (stored responses are bytes).
+
+    Raises:
+        ConfigurationError: it does.
+    """
+    kwargs = getattr(getattr(client, "connection_pool", None), "connection_kwargs", {})
+    if kwargs.get("decode_responses"):
+        raise ConfigurationError(
+            "the Redis client must be created with decode_responses=False "
+            "(stored responses are bytes)"
+        )
+
+
+def sync_client(parsed: RedisURL) -> Any:
+    """The store's own redis-py client for a URL, retries off: a command whose connection
+    failed mid-flight is never resent (a resent ``reserve`` could find its own reservation)."""
+    return redis_py.Redis.from_url(
+        parsed.client_url,
+        socket_timeout=parsed.timeout,
+        socket_connect_timeout=parsed.connect_timeout,
+        retry=Retry(NoBackoff(), 0),
+    )
+
+
+def _cluster_kwargs(parsed: ClusterURL) -> dict[str, Any]:
+    o = parsed.options
+    kwargs: dict[str, Any] = {
+        "username": o.username,
+        "password": o.password,
+        "socket_timeout": o.timeout,
+        "socket_connect_timeout": o.connect_timeout,
+        "decode_responses": False,
+    }
+    if o.tls:
+        kwargs["ssl"] = True
+        if o.ssl_ca_certs:
+            kwargs["ssl_ca_certs"] = o.ssl_ca_certs
+    return kwargs
+
+
+def async_cluster(parsed: ClusterURL) -> Any:
+    """A ``redis.asyncio.RedisCluster`` for the URL (it connects on first use).
+
+    Without CLIENT SETINFO on connect: with it, redis-py 8.1's async cluster client failed
+    commands under 50 concurrent first uses ("'NoneType' object has no attribute 'writelines'",
+    seen in the conformance suite); without it, never. ``driver_info=None`` turns it off where
+    the client takes ``driver_info`` (it deprecates ``lib_name`` / ``lib_version``); older
+    versions take those.
+    """
+    from redis.asyncio.cluster import ClusterNode, RedisCluster
+
+    if "driver_info" in inspect.signature(RedisCluster.__init__).parameters:
+        extra: dict[str, Any] = {"driver_info": None}
+    else:
+        extra = {"lib_name": None, "lib_version": None}
+    nodes = [ClusterNode(host, port) for host, port in parsed.nodes]
+    return RedisCluster(startup_nodes=nodes, **extra, **_cluster_kwargs(parsed))
+
+
+class LazyCluster:
+    """A ``redis.cluster.RedisCluster`` built on first use.
+
+    The sync cluster client connects and reads the slot map in its constructor; built lazily,
+    an unreachable cluster or a wrong password fails the first operation with a
+    :class:`~retrysafe.StoreError` (answered ``503``) instead of the application's start-up, and
+    the next operation tries again.
+
+    Args:
+        parsed: the cluster's URL.
+    """
+
+    #: Read by the store's client check; answered here so the check does not connect.
+    connection_pool = None
+
+    def __init__(self, parsed: ClusterURL) -> None:
+        self._parsed = parsed
+        self._client: Any = None
+        self._lock = threading.Lock()
+
+    def _get(self) -> Any:
+        from redis.cluster import ClusterNode, RedisCluster
+
+        with self._lock:
+            if self._client is None:
+                nodes = [ClusterNode(h, p) for h, p in self._parsed.nodes]  # type: ignore[no-untyped-call]
+                self._client = RedisCluster(startup_nodes=nodes, **_cluster_kwargs(self._parsed))
+            return self._client
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._get(), name)
+
+    def close(self) -> None:
+        """Close the client, if it was built."""
+        with self._lock:
+            client, self._client = self._client, None
+        if client is not None:
+            client.close()
