@@ -299,7 +299,7 @@ class Asyncpg(_Postgres):
         return pool
 
     async def _pooled(self, work: Callable[[Any], Awaitable[T]]) -> T:
-        from ..stores.postgres import _asyncpg_error, _discard, _give_back, _never_sent
+        from ..stores.postgres._asyncpg import _asyncpg_error, _discard, _give_back, _never_sent
 
         pool = await self._get_pool()
         for _ in range(_POOL_SIZE + 1):
@@ -333,7 +333,7 @@ class Asyncpg(_Postgres):
         try:
             return await conn.fetch(sql, *params)  # type: ignore[no-any-return]
         except Exception as exc:
-            from ..stores.postgres import _asyncpg_error
+            from ..stores.postgres._asyncpg import _asyncpg_error
 
             # The transaction's connection died under the handler: a store failure that the
             # middleware answers (503, the key released), told in plain words.
