@@ -252,8 +252,24 @@ class ProjectRun:
         return f"http://127.0.0.1:{self.ports[page_port]}"
 
 
+#: Set by this test run (pytest, Django's test settings, the run's own virtualenv), never in the
+#: fresh shell of a user who pastes a block.
+_TEST_RUN_ONLY = (
+    "PYTHONPATH",
+    "VIRTUAL_ENV",
+    "DJANGO_SETTINGS_MODULE",
+    "PYTEST_ADDOPTS",
+    "PYTEST_PLUGINS",
+)
+
+
+def user_environment() -> dict[str, str]:
+    """This process's environment without what only a test run sets."""
+    return {k: v for k, v in os.environ.items() if k not in _TEST_RUN_ONLY}
+
+
 def _env(bin_dir: Path, extra: Mapping[str, str] | None) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in {"PYTHONPATH", "VIRTUAL_ENV"}}
+    env = user_environment()
     # Only this virtualenv's programs: another one's (the test run's own) on PATH would hide a
     # program the project's virtualenv lacks.
     others = [p for p in env.get("PATH", "").split(os.pathsep) if p and not _in_venv(Path(p))]

@@ -49,12 +49,9 @@ def test_each_front_has_a_served_first_endpoint() -> None:
     PROJECTS,
     ids=[f"{page.relative_to(DOCS).with_suffix('').as_posix()}:{p.name}" for page, p in PROJECTS],
 )
-def test_the_page_runs_as_pasted(
-    page: Path, project: Project, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # The reader's shell has no settings of this test suite (Django's settings module, pytest's).
-    for name in ("DJANGO_SETTINGS_MODULE", "PYTEST_ADDOPTS", "PYTEST_PLUGINS"):
-        monkeypatch.delenv(name, raising=False)
+def test_the_page_runs_as_pasted(page: Path, project: Project, tmp_path: Path) -> None:
+    # The reader's shell has no settings of this test suite: run_project gives every command
+    # the harness's user_environment().
     folder = tmp_path / project.name
     folder.mkdir()
     run_project(project, folder, bin_dir=Path(sys.executable).parent, services=SERVICES)

@@ -152,7 +152,8 @@ def test_a_sigkilled_worker_frees_its_key_and_the_retry_runs_once(
         )
         path = server.workdir / marker
         deadline = time.monotonic() + 10
-        while not path.exists() and time.monotonic() < deadline:
+        # The worker creates the marker, then writes its pid into it: wait for both.
+        while not (path.exists() and path.read_text()) and time.monotonic() < deadline:
             time.sleep(0.02)
         pid = int(path.read_text())
         os.kill(pid, signal.SIGKILL)

@@ -35,7 +35,7 @@ import pytest
 from retrysafe import __version__
 
 from ..conftest import RUN_ID
-from ..docs.harness import Project, projects, run_project
+from ..docs.harness import Project, projects, run_project, user_environment
 from ..docs.services import SERVICES
 
 pytestmark = pytest.mark.e2e
@@ -222,7 +222,7 @@ def check_installed(venv: Path, folder: Path) -> None:
     extra = venv.name.removeprefix("venv-")
     folder.mkdir()
     bin_dir = venv / "bin"
-    env = {k: v for k, v in os.environ.items() if k not in {"PYTHONPATH", "VIRTUAL_ENV"}}
+    env = user_environment()
 
     def run(*argv: str) -> str:
         done = subprocess.run(

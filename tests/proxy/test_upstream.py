@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
-from retrysafe.proxy.upstream import Pool, UpstreamError
+from retrysafe.proxy._upstream import Pool, UpstreamError
 
 Answer = Callable[[bytes], Awaitable[tuple[bytes, bool]]]
 Factory = Callable[[Answer], Awaitable["Upstream"]]

@@ -15,7 +15,7 @@ from .._core.transaction import CONTEXT_SCOPE_KEY, mark_committed, outcome_known
 from .settings import ProxySettings
 
 if TYPE_CHECKING:
-    from .upstream import Connection, Pool, UpstreamError
+    from ._upstream import Connection, Pool, UpstreamError
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Any]]
@@ -71,7 +71,7 @@ class UpstreamProxy:
 
     def __init__(self, settings: ProxySettings) -> None:
         try:
-            from .upstream import Pool, UpstreamError
+            from ._upstream import Pool, UpstreamError
         except ImportError as exc:  # pragma: no cover - the extra is installed in tests
             raise ConfigurationError(
                 f"retrysafe proxy needs: pip install 'retrysafe[proxy]' ({exc})"
