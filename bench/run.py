@@ -846,7 +846,7 @@ _HOOK_COST = """
 import sys, time
 from prometheus_client import CollectorRegistry
 from retrysafe import IdempotencyConfig
-from retrysafe._core.flow import notify
+from retrysafe._core.http import notify
 from retrysafe._core.request import Request
 from retrysafe.contrib.prometheus import PrometheusMetrics
 

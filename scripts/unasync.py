@@ -23,8 +23,8 @@ FILES = [("src/retrysafe/_async/runner.py", "src/retrysafe/_sync/runner.py")]
 
 RULES: list[tuple[str, str]] = [
     (
-        r'^"""The async runner: performs the request flow\'s actions against an async store\.',
-        '"""The sync runner: performs the request flow\'s actions against a sync store.',
+        r'^"""The async runner: performs a keyed operation\'s actions against an async store\.',
+        '"""The sync runner: performs a keyed operation\'s actions against a sync store.',
     ),
     (
         r"The sync twin, ``_sync/runner\.py``, is generated from this file by",
@@ -36,10 +36,13 @@ RULES: list[tuple[str, str]] = [
     ),
     (r"\bAwaitable, Callable, Generator\b", "Callable, Generator"),
     (r"Callable\[\[bool\], Awaitable\[None\]\]", "Callable[[bool], None]"),
+    (r"Callable\[\.\.\., Awaitable\[Any\]\]", "Callable[..., Any]"),
     (r"-> Awaitable\[(.+)\]:", r"-> \1:"),
     (r"\bAsyncLeaseKeeper\b", "LeaseKeeper"),
     (r"\bAsyncRunner\b", "Runner"),
     (r"\bAsyncExchange\b", "Exchange"),
+    (r"\bAsyncOperationRun\b", "OperationRun"),
+    (r"\bAsyncCallRun\b", "CallRun"),
     (r"\bAsyncStore\b", "Store"),
     (r"\bAsyncTransaction\b", "Transaction"),
     (r"\basync def\b", "def"),

@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from retrysafe import IdempotencyConfig, Request
-from retrysafe._core.flow import BEGIN, EMIT, EXECUTE, RESERVE, Action, Flow
+from retrysafe._core.http import Flow
+from retrysafe._core.operation import BEGIN, EMIT, EXECUTE, RESERVE, Action
 from retrysafe.stores import Record, Reservation
 
 __all__ = [

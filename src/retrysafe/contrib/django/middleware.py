@@ -11,7 +11,7 @@ split the way Django splits a request:
 - ``__call__``, once the inner middleware and the view have answered: the response is captured
   and settled (stored, or the key released), and the atomic block commits with the record.
 
-Every decision is the flow's (:mod:`retrysafe._core.flow`); this module only translates.
+Every decision is the flow's (:mod:`retrysafe._core.http`); this module only translates.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from django.http.request import RawPostDataException
 from ..._async.runner import AsyncExchange, AsyncRunner
 from ..._core.config import IdempotencyConfig, RouteOptions, front_config
 from ..._core.errors import ConfigurationError, StoreError
-from ..._core.flow import EXECUTE, RUN_UNPROTECTED, Answer, Capture, Flow, admit, notify, too_large
+from ..._core.http import EXECUTE, RUN_UNPROTECTED, Answer, Capture, Flow, admit, notify, too_large
 from ..._core.request import Request
 from ..._core.routes import route_config, route_options
 from ..._core.transaction import CONTEXT_SCOPE_KEY, context_transaction
