@@ -295,6 +295,11 @@ class AsyncCallRun(AsyncOperationRun[str]):
         self.start()
         try:
             try:
+                tx = self.tx
+                if tx is not None and getattr(tx, "begins_eagerly", False):
+                    # An ORM's transaction (Django's atomic block): the function writes through
+                    # the ORM, never asks for the connection, so the block opens before it runs.
+                    await tx.connection()
                 value = await function(*args, **kwargs)
             except BaseException as exc:
                 await self.fail(exc)

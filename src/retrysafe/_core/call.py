@@ -689,10 +689,8 @@ class Call(Operation[str]):
     # -- the operation's hooks: results and exceptions -----------------------------------------
 
     def details(self) -> dict[str, Any]:
-        """The kind (``call``), the function's name (also as ``route``, the label metrics use)
-        and the hashed record prefix."""
-        name = self.spec.name
-        return {"record": self.record_id[:16], "kind": "call", "function": name, "route": name}
+        """The kind (``call``), the function's name and the hashed record prefix."""
+        return {"record": self.record_id[:16], "kind": "call", "function": self.spec.name}
 
     def kind(self) -> tuple[str, str]:
         """Calls are timed per function."""

@@ -296,6 +296,11 @@ class CallRun(OperationRun[str]):
         self.start()
         try:
             try:
+                tx = self.tx
+                if tx is not None and getattr(tx, "begins_eagerly", False):
+                    # An ORM's transaction (Django's atomic block): the function writes through
+                    # the ORM, never asks for the connection, so the block opens before it runs.
+                    tx.connection()
                 value = function(*args, **kwargs)
             except BaseException as exc:
                 self.fail(exc)
