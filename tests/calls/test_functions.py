@@ -254,7 +254,7 @@ async def test_an_argument_that_cannot_be_fingerprinted_is_named(
 
     fn = face.define(send, store=store.url, key="order_id")
     try:
-        with pytest.raises(ConfigurationError, match="'conn'.*fingerprint="):
+        with pytest.raises(ConfigurationError, match=r"'conn'.*fingerprint="):
             await face.call(fn, "o-1", object())
     finally:
         await face.close(fn)
@@ -324,9 +324,7 @@ async def test_a_final_exception_is_raised_again_to_every_duplicate(
     assert any("stored outcome" in note for note in again.value.__notes__)
 
 
-async def test_a_subclass_of_a_final_type_comes_back_as_itself(
-    store: StoreURL, face: Face
-) -> None:
+async def test_a_subclass_of_a_final_type_comes_back_as_itself(store: StoreURL, face: Face) -> None:
     class Overdrawn(ValueError):
         pass
 
@@ -379,9 +377,7 @@ async def test_committed_effects_then_an_exception_leave_the_outcome_unknown(
 # -- conflicts ---------------------------------------------------------------------------------
 
 
-async def _while_running(
-    store: StoreURL, face: Face, **options: Any
-) -> tuple[Any, Any, list[int]]:
+async def _while_running(store: StoreURL, face: Face, **options: Any) -> tuple[Any, Any, list[int]]:
     """Start a call that blocks until released; call again meanwhile; then release it.
     Returns (the first call's outcome, the second's, the runs)."""
     runs: list[int] = []
@@ -476,7 +472,7 @@ def test_mark_committed_of_the_wrong_face_says_which_to_use() -> None:
         sync_functions.mark_committed()
 
     fn = idempotent_function(f, store="memory://", key="n")
-    with pytest.raises(ConfigurationError, match="await retrysafe.mark_committed"):
+    with pytest.raises(ConfigurationError, match=r"await retrysafe\.mark_committed"):
         asyncio.run(fn(1))
 
 
