@@ -167,3 +167,10 @@ def test_the_check_resolves_parent_relative_and_submodule_imports() -> None:
     internal, external = _imports(f"{PACKAGE}._async.runner")
     assert {f"{CORE}.operation", f"{PACKAGE}.stores._base", f"{PACKAGE}._async._keeper"} <= internal
     assert "collections" in external
+
+
+def test_the_http_and_call_layers_share_only_the_operation() -> None:
+    # Each layer is built on the keyed operation; neither reaches the other.
+    assert f"{CORE}.call" not in _closure([f"{CORE}.http"])
+    assert f"{CORE}.http" not in _closure([f"{CORE}.call"])
+    assert f"{CORE}.http" not in _closure([f"{CORE}.operation"])
