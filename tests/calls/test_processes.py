@@ -5,7 +5,9 @@ committed, ends in "outcome unknown" as soon, never run again."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -143,3 +145,32 @@ async def test_a_sigkilled_caller_after_mark_committed_leaves_the_outcome_unknow
     assert isinstance(outcome, OutcomeUnknownError), outcome
     assert runs == []  # never run again
     assert took < TAKEOVER_BOUND[shared_store.id]
+
+
+async def test_a_paused_caller_that_lost_its_lease_cannot_overwrite_the_takers_result(
+    shared_store: StoreURL, face: Face, tmp_path: Path, killed: list[Any]
+) -> None:
+    # Fencing: A is paused (SIGSTOP) past its 1.5 s lease, B takes the key over and stores its
+    # result; A resumes and finishes, but its completion is refused (its token no longer holds
+    # the key): every later call gets B's result.
+    key = f"order-{uuid.uuid4().hex}"
+    ready = tmp_path / "ready"
+    proc = worker("pause", shared_store.url, face.kind, key, str(ready), "1.5")
+    killed.append(proc)
+    wait_for(ready, proc)
+    proc.send_signal(signal.SIGSTOP)
+    await asyncio.sleep(3.0)  # past the lease, even if a renewal landed just before the pause
+
+    def charge(order_id: str) -> str:
+        return "second"
+
+    fn = face.define(charge, store=shared_store.url, key="order_id", name=NAME, lease=1.5)
+    try:
+        assert await face.call(fn, key) == "second"
+        proc.send_signal(signal.SIGCONT)
+        out, err = proc.communicate(timeout=60)
+        assert json.loads(out.strip().splitlines()[-1]) == "first", err  # it ran, unstored
+        assert "lease taken over" in err
+        assert await face.call(fn, key) == "second"
+    finally:
+        await face.close(fn)

@@ -6,6 +6,8 @@ after it returned) leaves both (the retry replays) or neither (the retry runs), 
 from __future__ import annotations
 
 import asyncio
+import json
+import signal
 import sqlite3
 import uuid
 from collections.abc import Iterator
@@ -189,3 +191,31 @@ async def test_a_call_that_never_asks_for_the_connection_completes_plainly(
         assert await face.call(fn, 4) == await face.call(fn, 4) == 16
     finally:
         await face.close(fn)
+
+
+@pytest.mark.parametrize("sql_store", [pytest.param("postgres", id="postgres")], indirect=True)
+async def test_a_paused_caller_fenced_out_at_its_commit_rolls_its_writes_back(
+    sql_store: StoreURL, effects: Effects, face: Face, tmp_path: Path, killed: list[Any]
+) -> None:
+    # A writes its row, is paused past its lease; B takes the key over, writes and commits. A
+    # resumes: its commit is fenced (B holds the key), so its row rolls back and A's caller
+    # gets InProgressError. (Not on SQLite: a paused writer holds SQLite's one write lock, so
+    # nobody can take over before it resumes; that is the store's single-writer rule.)
+    key = f"order-{uuid.uuid4().hex}"
+    ready = tmp_path / "ready"
+    proc = worker("pause", sql_store.url, face.kind, key, str(ready), "1.5", effects.table)
+    killed.append(proc)
+    wait_for(ready, proc)
+    proc.send_signal(signal.SIGSTOP)
+    await asyncio.sleep(3.0)
+    retry = _retry_function(face, sql_store, effects.table)
+    try:
+        assert await face.call(retry, key) == key
+        assert effects.count(key) == 1
+        proc.send_signal(signal.SIGCONT)
+        out, _ = proc.communicate(timeout=60)
+        assert json.loads(out.strip().splitlines()[-1]) == "InProgressError"
+        assert effects.count(key) == 1  # A's row rolled back: B's alone
+        assert await face.call(retry, key) == key
+    finally:
+        await face.close(retry)

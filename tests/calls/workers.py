@@ -6,6 +6,9 @@
   exceptions (by type name) the callers got.
 - ``hold URL FACE KEY READY [commit]``: one call that writes READY once running (after
   ``mark_committed()`` when asked) and then never returns: SIGKILL it.
+- ``pause URL FACE KEY READY LEASE [TABLE]``: one call with a LEASE-second lease that (with TABLE,
+  transactionally) inserts KEY into TABLE, writes READY, sleeps 3 s and returns ``"first"``: the
+  test SIGSTOPs it past its lease. Prints the call's outcome as one JSON line.
 - ``tx URL FACE KEY READY TABLE``: one transactional call that inserts KEY into TABLE on the
   call's transaction, pausing before and after the insert, returns, and then the process waits
   to be SIGKILLed (at a random point of all that).
@@ -158,6 +161,43 @@ def tx(url: str, face: str, key: str, ready: str, table: str) -> None:
         time.sleep(600)
 
 
+def pause(url: str, face: str, key: str, ready: str, lease: float, table: str) -> None:
+    sqlite = url.startswith("sqlite")
+    options: dict[str, Any] = {"lease": lease, "transactional": bool(table)}
+    outcome: Any
+    if face == "async":
+
+        async def charge(order_id: str) -> str:
+            if table:
+                conn = await retrysafe.transaction()
+                await conn.execute(f"INSERT INTO {table} (k) VALUES ($1)", order_id)
+            _mark(ready, "running")
+            await asyncio.sleep(3.0)
+            return "first"
+
+        fn = idempotent_function(charge, store=url, key="order_id", name=NAME, **options)
+        try:
+            outcome = asyncio.run(fn(key))
+        except Exception as exc:
+            outcome = type(exc).__name__
+    else:
+
+        def charge_sync(order_id: str) -> str:
+            if table:
+                mark = "?" if sqlite else "$1"
+                functions.transaction().execute(f"INSERT INTO {table} (k) VALUES ({mark})", (key,))
+            _mark(ready, "running")
+            time.sleep(3.0)
+            return "first"
+
+        fn_sync = idempotent_function(charge_sync, store=url, key="order_id", name=NAME, **options)
+        try:
+            outcome = fn_sync(key)
+        except Exception as exc:
+            outcome = type(exc).__name__
+    print(json.dumps(outcome), flush=True)
+
+
 def main(argv: list[str]) -> None:
     mode, url, face, key = argv[:4]
     rest = argv[4:]
@@ -165,6 +205,8 @@ def main(argv: list[str]) -> None:
         contend(url, face, key, float(rest[0]), int(rest[1]), rest[2])
     elif mode == "hold":
         hold(url, face, key, rest[0], commit=rest[1:] == ["commit"])
+    elif mode == "pause":
+        pause(url, face, key, rest[0], float(rest[1]), rest[2] if len(rest) > 2 else "")
     elif mode == "tx":
         tx(url, face, key, rest[0], rest[1])
     else:  # pragma: no cover
