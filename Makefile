@@ -16,8 +16,8 @@ demo: $(STAMP)
 	$(BIN)/retrysafe demo --host 127.0.0.1 --port 8000
 
 lint: $(STAMP)
-	$(BIN)/ruff format --check src tests bench scripts
-	$(BIN)/ruff check src tests bench scripts
+	$(BIN)/ruff format --check src tests bench scripts examples
+	$(BIN)/ruff check src tests bench scripts examples
 	$(BIN)/python scripts/unasync.py --check
 
 # Regenerate the sync runner (src/retrysafe/_sync/runner.py) from the async one.

@@ -66,14 +66,29 @@ class IdempotentFunction(Generic[P, R]):
         self._runner = None if self._is_async else Runner(store)
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        call, call_kwargs = self.prepare(args, kwargs)
+        return self.invoke(call, args, call_kwargs)
+
+    def prepare(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Call, dict[str, Any]]:
+        """One call's keyed operation and the keyword arguments to run the function with (for
+        shells built on this function: message consumers, task queues)."""
         key, fingerprint, call_kwargs = self._spec.prepare(args, kwargs)
-        call = Call(self.config, self._spec, key, fingerprint)
+        return Call(self.config, self._spec, key, fingerprint), call_kwargs
+
+    def invoke(self, call: Call, args: tuple[Any, ...], kwargs: dict[str, Any]) -> R:
+        """Run ``call`` (from :meth:`prepare`): the stored outcome, or the function now. For an
+        ``async def`` function, the coroutine that does it."""
         if self._runner is None:
             assert self._async_runner is not None
             run = AsyncCallRun(self._async_runner, call)
-            return cast(R, run.invoke(self._function, args, call_kwargs))  # type: ignore[arg-type]
-        value: R = CallRun(self._runner, call).invoke(self._function, args, call_kwargs)
+            return cast(R, run.invoke(self._function, args, kwargs))  # type: ignore[arg-type]
+        value: R = CallRun(self._runner, call).invoke(self._function, args, kwargs)
         return value
+
+    @property
+    def is_async(self) -> bool:
+        """Whether the function is an ``async def``."""
+        return self._is_async
 
     def __get__(self, instance: object, owner: type | None = None) -> Any:
         # Decorating a method: bind it like a function would be bound.

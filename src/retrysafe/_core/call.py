@@ -676,7 +676,7 @@ class Call(Operation[str]):
             :func:`call_fingerprint` over what identifies a message).
     """
 
-    __slots__ = ("spec", "value")
+    __slots__ = ("replayed", "spec", "value")
 
     def __init__(
         self, config: IdempotencyConfig, spec: CallSpec, key: str, fingerprint: str
@@ -685,6 +685,8 @@ class Call(Operation[str]):
         self.spec = spec
         #: The stored result, after :meth:`claim` returned :data:`REPLAYED`.
         self.value: Any = None
+        #: The outcome came from the store (the function did not run for this call).
+        self.replayed = False
 
     # -- the operation's hooks: results and exceptions -----------------------------------------
 
@@ -698,6 +700,7 @@ class Call(Operation[str]):
 
     def replay(self, data: bytes) -> Generator[Action, Any, str]:
         """The stored result (in :attr:`value`), or the stored final exception, raised."""
+        self.replayed = True
         if self.config.on_event is not None:
             yield EMIT, "replayed"
         try:
