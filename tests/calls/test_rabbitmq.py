@@ -116,7 +116,9 @@ def test_each_message_has_one_effect_across_killed_consumers(queue: str, tmp_pat
     assert all(count == 1 for _, count in rows)  # one effect per message
     deliveries = [line.split() for c in consumers for line in c.lines]
     statuses = {status for _, status, _ in deliveries}
-    assert statuses <= {"executed", "replayed"}, deliveries
+    # in_progress: the two consumers got the producer's two copies at once; the second copy
+    # went back to the queue and was answered later (the queue ends empty, below).
+    assert statuses <= {"executed", "replayed", "in_progress"}, deliveries
     # Delivered again after a kill (and by the producer's duplicates): answered, not re-run.
     assert any(s == "replayed" and r == "redelivered=True" for _, s, r in deliveries)
     assert sum(s == "replayed" for _, s, _ in deliveries) >= DUPLICATED, deliveries
