@@ -67,6 +67,7 @@ __all__ = [
     "call_fingerprint",
     "call_record_id",
     "check_key",
+    "describe_outcome",
     "from_json",
     "resolve_codec",
     "to_json",
@@ -337,6 +338,22 @@ def resolve_codec(codec: str | ResultCodec) -> ResultCodec:
 def _envelope(kind: int, codec: str, payload: bytes) -> bytes:
     name = codec.encode("ascii")
     return b"".join((_MAGIC, bytes((_VERSION, kind, len(name))), name, payload))
+
+
+def describe_outcome(data: bytes) -> str:
+    """A stored call outcome in words, without decoding the result (its codec may be pickle):
+    for operators (``retrysafe inspect --function``)."""
+    try:
+        kind, codec, payload = _open(data)
+    except CodecError as exc:
+        return f"unreadable: {exc}"
+    if kind == _FAILURE:
+        try:
+            failure = json.loads(payload)
+            return f"final exception: {failure['type']}: {failure['message']}"
+        except (ValueError, KeyError, TypeError):
+            return "final exception (unreadable)"
+    return f"result: {len(payload)} bytes ({codec} codec)"
 
 
 def _open(data: bytes) -> tuple[int, str, bytes]:
