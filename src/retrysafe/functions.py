@@ -18,10 +18,11 @@ without any argument.
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import inspect
 import types
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, Generic, ParamSpec, TypeVar, cast, overload
 
 from ._async.runner import AsyncCallRun, AsyncRunner
@@ -64,6 +65,9 @@ class IdempotentFunction(Generic[P, R]):
         self._is_async = inspect.iscoroutinefunction(function)
         self._async_runner = AsyncRunner(store) if self._is_async else None
         self._runner = None if self._is_async else Runner(store)
+        #: Django's ORM store keeps a label per record (its admin shows it): the route of a
+        #: request, ``call <name>`` of a call. Set around the reservation, in the caller's context.
+        self._label = _django_label(store)
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
         call, call_kwargs = self.prepare(args, kwargs)
@@ -78,12 +82,26 @@ class IdempotentFunction(Generic[P, R]):
     def invoke(self, call: Call, args: tuple[Any, ...], kwargs: dict[str, Any]) -> R:
         """Run ``call`` (from :meth:`prepare`): the stored outcome, or the function now. For an
         ``async def`` function, the coroutine that does it."""
+        function: Any = self._function
         if self._runner is None:
             assert self._async_runner is not None
-            run = AsyncCallRun(self._async_runner, call)
-            return cast(R, run.invoke(self._function, args, kwargs))  # type: ignore[arg-type]
-        value: R = CallRun(self._runner, call).invoke(self._function, args, kwargs)
-        return value
+            pending = AsyncCallRun(self._async_runner, call).invoke(function, args, kwargs)
+            return cast(R, pending if self._label is None else self._labelled(pending))
+        if self._label is None:
+            return cast(R, CallRun(self._runner, call).invoke(function, args, kwargs))
+        token = self._label.set(f"call {self.name}")
+        try:
+            return cast(R, CallRun(self._runner, call).invoke(function, args, kwargs))
+        finally:
+            self._label.reset(token)
+
+    async def _labelled(self, pending: Awaitable[Any]) -> Any:
+        assert self._label is not None
+        token = self._label.set(f"call {self.name}")
+        try:
+            return await pending
+        finally:
+            self._label.reset(token)
 
     @property
     def is_async(self) -> bool:
@@ -221,6 +239,15 @@ def idempotent_function(
         return IdempotentFunction(target, spec, settings, resolved)
 
     return decorate if function is None else decorate(function)
+
+
+def _django_label(store: object) -> contextvars.ContextVar[str] | None:
+    """The Django ORM store's record label (its ``current_route``), for a Django store."""
+    if type(store).__name__ not in ("DjangoStore", "AsyncDjangoStore"):
+        return None
+    from .contrib.django.store import current_route
+
+    return current_route
 
 
 def _is_django(store: object) -> bool:
