@@ -74,7 +74,11 @@ def effects(sql_store: StoreURL) -> Iterator[Effects]:
     yield Effects(sql_store)
 
 
-def _retry_function(face: Face, store: StoreURL, table: str) -> Any:
+def _inserting(
+    face: Face, store: StoreURL, table: str, *, raising: BaseException | None = None, **options: Any
+) -> Any:
+    """An idempotent function that inserts its key into ``table`` on its transaction, then
+    returns the key (or raises ``raising``)."""
     sqlite = store.id == "sqlite"
     if face.is_async:
 
@@ -84,6 +88,8 @@ def _retry_function(face: Face, store: StoreURL, table: str) -> Any:
                 conn.execute(f"INSERT INTO {table} (k) VALUES (?)", (order_id,))
             else:
                 await conn.execute(f"INSERT INTO {table} (k) VALUES ($1)", order_id)
+            if raising is not None:
+                raise raising
             return order_id
 
         target: Any = charge
@@ -92,18 +98,18 @@ def _retry_function(face: Face, store: StoreURL, table: str) -> Any:
         def charge_sync(order_id: str) -> str:
             mark = "?" if sqlite else "$1"  # psycopg's RawCursor: PostgreSQL's own placeholders
             functions.transaction().execute(f"INSERT INTO {table} (k) VALUES ({mark})", (order_id,))
+            if raising is not None:
+                raise raising
             return order_id
 
         target = charge_sync
     return idempotent_function(
-        target,
-        store=store.url,
-        key="order_id",
-        name=NAME,
-        transactional=True,
-        on_conflict="wait",
-        conflict_wait=20.0,
+        target, store=store.url, key="order_id", transactional=True, **options
     )
+
+
+def _retry_function(face: Face, store: StoreURL, table: str) -> Any:
+    return _inserting(face, store, table, name=NAME, on_conflict="wait", conflict_wait=20.0)
 
 
 async def test_a_killed_caller_leaves_its_writes_and_result_both_or_neither(
@@ -147,30 +153,7 @@ async def test_a_final_exception_rolls_the_writes_back_and_is_the_outcome(
     class Declined(Exception):
         pass
 
-    sqlite = sql_store.id == "sqlite"
-    table = effects.table
-    if face.is_async:
-
-        async def charge(order_id: str) -> None:
-            conn = await retrysafe.transaction()
-            if sqlite:
-                conn.execute(f"INSERT INTO {table} (k) VALUES (?)", (order_id,))
-            else:
-                await conn.execute(f"INSERT INTO {table} (k) VALUES ($1)", order_id)
-            raise Declined("no funds")
-
-        target: Any = charge
-    else:
-
-        def charge_sync(order_id: str) -> None:
-            mark = "?" if sqlite else "$1"  # psycopg's RawCursor: PostgreSQL's own placeholders
-            functions.transaction().execute(f"INSERT INTO {table} (k) VALUES ({mark})", (order_id,))
-            raise Declined("no funds")
-
-        target = charge_sync
-    fn = idempotent_function(
-        target, store=sql_store.url, key="order_id", transactional=True, final=[Declined]
-    )
+    fn = _inserting(face, sql_store, effects.table, raising=Declined("no funds"), final=[Declined])
     try:
         for _ in range(2):
             with pytest.raises(Declined, match="no funds"):

@@ -16,17 +16,9 @@ from retrysafe.contrib.django.models import IdempotencyRecord
 from retrysafe.contrib.django.store import DjangoStore
 from retrysafe.demo.django_app.models import Order
 
-ALIASES = [
-    pytest.param("default", marks=pytest.mark.django_db(transaction=True)),
-    pytest.param("pg", marks=pytest.mark.django_db(transaction=True, databases=["pg"])),
-]
+from .test_orm_store import alias  # every ORM database (SQLite, PostgreSQL)
 
-
-@pytest.fixture(params=ALIASES)
-def alias(request: pytest.FixtureRequest) -> str:
-    if request.param == "pg":
-        request.getfixturevalue("postgres_url")  # skip (or fail under CI) without PostgreSQL
-    return str(request.param)
+__all__ = ["alias"]
 
 
 def test_orm_writes_and_the_result_commit_together(alias: str) -> None:
