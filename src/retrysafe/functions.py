@@ -25,11 +25,13 @@ import types
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, Generic, ParamSpec, TypeVar, cast, overload
 
+from ._async._keeper import AsyncLeaseKeeper
 from ._async.runner import AsyncCallRun, AsyncRunner
 from ._core.call import KEY_ARGUMENT, Call, CallSpec, ResultCodec, call_config, call_record_id
 from ._core.config import IdempotencyConfig
 from ._core.errors import ConfigurationError
 from ._core.transaction import CURRENT_CALL, context_transaction
+from ._sync._keeper import LeaseKeeper
 from ._sync.runner import CallRun, Runner
 from .stores import AsyncStore, Store, async_store_from_url, resolve_async_store, store_from_url
 from .stores._inline import InlineAsyncStore
@@ -38,6 +40,21 @@ __all__ = ["IdempotentFunction", "idempotent_function", "mark_committed", "trans
 
 P = ParamSpec("P")
 R = TypeVar("R")
+
+
+class _Keepers:
+    """The process's lease keepers for idempotent functions, made on first use."""
+
+    @functools.cached_property
+    def sync(self) -> LeaseKeeper:
+        return LeaseKeeper()
+
+    @functools.cached_property
+    def aio(self) -> AsyncLeaseKeeper:
+        return AsyncLeaseKeeper()
+
+
+_keepers = _Keepers()
 
 
 class IdempotentFunction(Generic[P, R]):
@@ -63,8 +80,10 @@ class IdempotentFunction(Generic[P, R]):
         self.config = config
         self.store = store
         self._is_async = inspect.iscoroutinefunction(function)
-        self._async_runner = AsyncRunner(store) if self._is_async else None
-        self._runner = None if self._is_async else Runner(store)
+        # One lease keeper for every idempotent function of the process (one renewal thread for
+        # all def functions, one sweeping task per event loop for all async ones).
+        self._async_runner = AsyncRunner(store, _keepers.aio) if self._is_async else None
+        self._runner = None if self._is_async else Runner(store, _keepers.sync)
         #: Django's ORM store keeps a label per record (its admin shows it): the route of a
         #: request, ``call <name>`` of a call. Set around the reservation, in the caller's context.
         self._label = _django_label(store)

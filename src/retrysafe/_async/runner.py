@@ -57,13 +57,14 @@ class AsyncRunner:
 
     Args:
         store: the store.
+        keeper: a lease keeper shared with other fronts (default: one of its own).
     """
 
     __slots__ = ("estimates", "keeper", "store")
 
-    def __init__(self, store: AsyncStore) -> None:
+    def __init__(self, store: AsyncStore, keeper: AsyncLeaseKeeper | None = None) -> None:
         self.store = store
-        self.keeper = AsyncLeaseKeeper()
+        self.keeper = AsyncLeaseKeeper() if keeper is None else keeper
         self.estimates = Estimates()
 
 

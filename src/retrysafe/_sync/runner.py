@@ -58,13 +58,14 @@ class Runner:
 
     Args:
         store: the store.
+        keeper: a lease keeper shared with other fronts (default: one of its own).
     """
 
     __slots__ = ("estimates", "keeper", "store")
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, keeper: LeaseKeeper | None = None) -> None:
         self.store = store
-        self.keeper = LeaseKeeper()
+        self.keeper = LeaseKeeper() if keeper is None else keeper
         self.estimates = Estimates()
 
 
