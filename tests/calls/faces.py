@@ -11,7 +11,6 @@ from typing import Any
 import pytest
 
 import retrysafe
-from retrysafe import functions
 
 
 class Face:
@@ -56,4 +55,4 @@ class Face:
 
 FACES = [pytest.param("sync", id="def"), pytest.param("async", id="async-def")]
 
-__all__ = ["FACES", "Face", "functions"]
+__all__ = ["FACES", "Face"]
