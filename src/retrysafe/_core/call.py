@@ -105,6 +105,7 @@ _VERSION = 1
 _RESULT = 0
 _FAILURE = 1
 _EMPTY = inspect.Parameter.empty
+_SCALARS = frozenset({str, int, float, bool})
 
 
 def call_config(
@@ -193,6 +194,8 @@ def from_json(annotation: Any, data: Any) -> Any:
     other annotation is returned as JSON gave it."""
     if data is None or annotation is Any or annotation is _EMPTY or annotation is None:
         return data
+    if type(data) is annotation and annotation in _SCALARS:
+        return data  # the leaves of most results: nothing to rebuild
     origin = typing.get_origin(annotation)
     if origin is typing.Annotated:
         return from_json(typing.get_args(annotation)[0], data)
