@@ -256,6 +256,12 @@ class Flow(Operation[Answer]):
         """Requests are timed per method and path."""
         return (self.request.method, self.request.path)
 
+    def observe(self, seconds: float) -> None:
+        """See :meth:`Operation.observe` (every keyed request passes here: :meth:`kind` inlined,
+        one call less, about 1k instructions of a WSGI new key)."""
+        if self.estimates is not None:
+            self.estimates.observe((self.request.method, self.request.path), seconds)
+
     def won(self) -> Steps | None:
         """The retention header, when configured, is added to the first response."""
         if self.config.retention_header is None:
