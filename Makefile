@@ -36,8 +36,8 @@ demo: $(DEMO_STAMP)
 	    $(if $(STORE),--store '$(STORE)')
 
 lint: $(STAMP)
-	$(BIN)/ruff format --check src tests bench scripts
-	$(BIN)/ruff check src tests bench scripts
+	$(BIN)/ruff format --check src tests bench scripts examples
+	$(BIN)/ruff check src tests bench scripts examples
 	$(BIN)/python scripts/unasync.py --check
 
 # Regenerate the sync runner (src/retrysafe/_sync/runner.py) from the async one.

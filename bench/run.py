@@ -794,6 +794,24 @@ def markdown(report: dict[str, Any]) -> str:
         lines += ["## skipped", ""]
         lines += [f"- {name}: {why}" for name, why in report["skipped"].items()]
         lines.append("")
+    if report.get("calls_us"):
+        lines += [
+            "## idempotent_function: a keyed call over the bare call (bench/calls.py)",
+            "",
+            "One caller, wall-clock us per call (best of 3 rounds); the function returns a small "
+            "dict. New key: the first call with its key (reserve, run, store the result); "
+            "replay: a duplicate (the stored result, decoded).",
+            "",
+            "| store | face | bare us | new key us | replay us | overhead us |",
+            "|---|---|---:|---:|---:|---:|",
+        ]
+        for name, found in report["calls_us"].items():
+            store, _, face = name.partition(" ")
+            lines.append(
+                f"| {store} | {face} | {found['bare']:.2f} | {found['new key']:.1f} "
+                f"| {found['replay']:.1f} | {found['overhead']:.1f} |"
+            )
+        lines.append("")
     if report.get("micro"):
         lines += [
             "## micro-benchmarks (pytest-benchmark, median)",
@@ -860,7 +878,7 @@ _HOOK_COST = """
 import sys, time
 from prometheus_client import CollectorRegistry
 from retrysafe import IdempotencyConfig
-from retrysafe._core.flow import notify
+from retrysafe._core.http import notify
 from retrysafe._core.request import Request
 from retrysafe.contrib.prometheus import PrometheusMetrics
 
@@ -911,6 +929,24 @@ def inprocess_figures() -> dict[str, float] | None:
     figures: dict[str, float] = json.loads(result.stdout[result.stdout.index("{") :])
     for name, value in figures.items():
         log(f"in-process {name}: {value:.1f} us/request")
+    return figures
+
+
+def call_figures(env_urls: dict[str, str]) -> dict[str, dict[str, float]] | None:
+    """Microseconds per call of ``idempotent_function`` over the bare call, on each available
+    store, def and async def (bench/calls.py), in a process of its own."""
+    command = [sys.executable, str(BENCH / "calls.py"), "--json", "/dev/stdout"]
+    if "BENCH_POSTGRES_URL" in env_urls:
+        command += ["--postgres-url", env_urls["BENCH_POSTGRES_URL"]]
+    if "BENCH_REDIS_URL" in env_urls:
+        command += ["--redis-url", env_urls["BENCH_REDIS_URL"]]
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:
+        log(f"call figures failed: {result.stderr.strip()[-300:]}")
+        return None
+    figures: dict[str, dict[str, float]] = json.loads(result.stdout[result.stdout.index("{") :])
+    for name, found in figures.items():
+        log(f"call {name}: {found['overhead']:.1f} us over the bare call ({found})")
     return figures
 
 
@@ -1055,6 +1091,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{m['name']:60s} {m['median_us']:10.2f} us")
         metrics_hook_cost()
         inprocess_figures()
+        call_figures(env_urls)
         return 0
 
     client: str | None = None
@@ -1295,6 +1332,7 @@ def main(argv: list[str] | None = None) -> int:
         micro = run_micro(stamp, available, env_urls)
     hook_cost = metrics_hook_cost()
     inprocess = inprocess_figures()
+    calls = call_figures(env_urls)
 
     rows = summarize(runs, specs)
     versions = {p: v for p in SHARED_STACK if (v := version_of(p))}
@@ -1328,6 +1366,7 @@ def main(argv: list[str] | None = None) -> int:
         "micro": micro,
         "metrics_hook_us": hook_cost,
         "inprocess_us": inprocess,
+        "calls_us": calls,
         "runs": runs,
         "sidecar": sidecar_report,
     }

@@ -24,8 +24,8 @@ import pytest
 
 from retrysafe._core.codec import StoredResponse, decode_response, encode_response
 from retrysafe._core.fingerprint import fingerprint
-from retrysafe._core.flow import decide
 from retrysafe._core.keys import parse_key, record_id
+from retrysafe._core.operation import decide
 from retrysafe._core.records import Record, Reservation
 
 REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")

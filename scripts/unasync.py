@@ -158,9 +158,9 @@ TWINS = [
         "src/retrysafe/_sync/runner.py",
         [
             (
-                r'^"""The async runner: performs the request flow\'s actions against an async '
+                r'^"""The async runner: performs a keyed operation\'s actions against an async '
                 r"store\.",
-                '"""The sync runner: performs the request flow\'s actions against a sync store.',
+                '"""The sync runner: performs a keyed operation\'s actions against a sync store.',
             ),
             (
                 r"The sync twin, ``_sync/runner\.py``, is generated from this file by",
@@ -172,10 +172,13 @@ TWINS = [
             ),
             (r"\bAwaitable, Callable\b", "Callable"),
             (r"Callable\[\[bool\], Awaitable\[None\]\]", "Callable[[bool], None]"),
+            (r"Callable\[\.\.\., Awaitable\[Any\]\]", "Callable[..., Any]"),
             (r"-> Awaitable\[(.+)\]:", r"-> \1:"),
             (r"\bAsyncLeaseKeeper\b", "LeaseKeeper"),
             (r"\bAsyncRunner\b", "Runner"),
             (r"\bAsyncExchange\b", "Exchange"),
+            (r"\bAsyncOperationRun\b", "OperationRun"),
+            (r"\bAsyncCallRun\b", "CallRun"),
             (r"\bAsyncStore\b", "Store"),
             (r"\bAsyncTransaction\b", "Transaction"),
             (r" \(no coroutine of ours per action on the hot\n\s*path\)", ""),

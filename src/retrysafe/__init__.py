@@ -1,7 +1,9 @@
-"""retrysafe: make non-idempotent HTTP requests (POST, PATCH) safe to retry.
+"""retrysafe: make non-idempotent HTTP requests (POST, PATCH) and function calls safe to retry.
 
 A client sends one ``Idempotency-Key`` per logical operation; the server runs the operation once,
-stores the response, and answers every retry with that stored response.
+stores the response, and answers every retry with that stored response. A function decorated with
+:func:`idempotent_function` runs once per key the same way, and returns the stored result to
+every duplicate call.
 """
 
 from __future__ import annotations
@@ -17,13 +19,17 @@ from ._core.errors import (
     CodecError,
     ConfigurationError,
     IdempotencyError,
+    InProgressError,
     InvalidKeyError,
+    KeyReusedError,
+    OutcomeUnknownError,
     StoreError,
     StoreUnavailableError,
 )
 from ._core.request import Request
 from ._core.routes import idempotent
 from ._core.transaction import mark_committed, transaction
+from .functions import idempotent_function
 from .stores import async_store_from_url, store_from_url
 
 __version__ = "0.2.0"
@@ -35,7 +41,10 @@ __all__ = [
     "ConfigurationError",
     "IdempotencyConfig",
     "IdempotencyError",
+    "InProgressError",
     "InvalidKeyError",
+    "KeyReusedError",
+    "OutcomeUnknownError",
     "Request",
     "RouteOptions",
     "StoreError",
@@ -43,6 +52,7 @@ __all__ = [
     "StoredResponse",
     "async_store_from_url",
     "idempotent",
+    "idempotent_function",
     "mark_committed",
     "store_from_url",
     "transaction",

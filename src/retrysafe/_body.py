@@ -1,8 +1,8 @@
 """Reading a request body within the limit, for every shell (WSGI, Django, ASGI).
 
 A body the readers do not return raises :class:`BodyRefused`, which carries the flow's answer
-for it: ``413`` past ``max_body_size`` (:func:`~retrysafe._core.flow.too_large`), or, when the
-body ended before it was complete, :func:`~retrysafe._core.flow.client_gone`. Every shell sends
+for it: ``413`` past ``max_body_size`` (:func:`~retrysafe._core.http.too_large`), or, when the
+body ended before it was complete, :func:`~retrysafe._core.http.client_gone`. Every shell sends
 that answer as it is, so "the client left before sending its body" is decided once: nothing ran
 and no key was reserved, and the client's retry runs as if this request had never come. The
 ASGI shell reads a body that arrives in one message itself (the common case, no call);
@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from typing import Any
 
 from ._core.config import IdempotencyConfig
-from ._core.flow import Answer, client_gone, too_large
+from ._core.http import Answer, client_gone, too_large
 
 __all__ = ["BLOCK", "BodyRefused", "read_asgi_body", "read_wsgi_body"]
 

@@ -5,7 +5,7 @@ Works in any ASGI app (Starlette, FastAPI, Litestar, a bare ASGI callable)::
     app = IdempotencyMiddleware(app, store="sqlite:///idempotency.db")
 
 A thin shell: it translates ASGI to the neutral request, reads the body within the limit and
-captures the response through a send hook; :mod:`retrysafe._core.flow` decides everything else.
+captures the response through a send hook; :mod:`retrysafe._core.http` decides everything else.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from ._asgi_startup import start_up_checks
 from ._async.runner import AsyncExchange, AsyncRunner
 from ._body import BodyRefused, read_asgi_body
 from ._core.config import IdempotencyConfig, front_config, front_store
-from ._core.flow import EXECUTE, RUN_UNPROTECTED, Answer, Capture, Flow, admit, notify, too_large
+from ._core.http import EXECUTE, RUN_UNPROTECTED, Answer, Capture, Flow, admit, notify, too_large
 from ._core.request import Request, content_length
 from ._core.transaction import CONTEXT_SCOPE_KEY
 from .stores import AsyncStore, Store, resolve_async_store

@@ -105,6 +105,14 @@ def _scope_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _target_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_mutually_exclusive_group(required=True)
+    group.add_argument("--path", help="the route path the request's key was used on")
+    group.add_argument(
+        "--function", help="the name an idempotent function's keys are scoped by (its qualname)"
+    )
+
+
 def _scope_of(args: argparse.Namespace) -> str:
     if args.authorization:
         return authorization_scope(args.authorization)
@@ -261,8 +269,14 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _record_id(args: argparse.Namespace) -> str:
-    """The record address of ``--key``, given as the client sends the header's value: an
-    sf-string (``'"k1"'``) or a bare token (``k1``) name the same key, as on the wire."""
+    """The record id ``--key`` names: of a request (``--path``, ``--method``, the scope) or of
+    an idempotent function's call (``--function``, the key as the function gave it). A request's
+    key is given as the client sends the header's value: an sf-string (``'"k1"'``) or a bare
+    token (``k1``) name the same key."""
+    if args.function:
+        from ._core.call import call_record_id
+
+        return call_record_id(args.function, args.key)
     key = parse_key([args.key.encode("utf-8", "surrogateescape")])
     return record_id(_scope_of(args), args.method.upper(), args.path, key)
 
@@ -280,8 +294,14 @@ def _inspect(args: argparse.Namespace) -> int:
         if record.lease_remaining <= 0:
             state = "OUTCOME UNKNOWN (effects committed, response never stored)"
     print(f"record {rid[:16]}: {state}")
+    if args.function:
+        print(f"  kind: call, function: {args.function}")
     if record.state == "in_progress":
         print(f"  lease remaining: {record.lease_remaining:.1f} s")
+    elif record.response is not None and args.function:
+        from ._core.call import describe_outcome
+
+        print(f"  {describe_outcome(bytes(record.response))}")
     elif record.response is not None:
         from ._core.codec import decode_response
 
@@ -301,7 +321,8 @@ def _resolve(args: argparse.Namespace) -> int:
             print(f"record {rid[:16]} is completed; use --force to delete a stored response")
             return 1
         store.delete(rid)
-    print(f"record {rid[:16]} deleted: the next request with this key runs the operation")
+    what = "call" if args.function else "request"
+    print(f"record {rid[:16]} deleted: the next {what} with this key runs the operation")
     return 0
 
 
@@ -430,7 +451,7 @@ def build_parser() -> argparse.ArgumentParser:
     _store_arg(inspect)
     inspect.add_argument("--key", required=True, help=_KEY_HELP)
     inspect.add_argument("--method", default="POST")
-    inspect.add_argument("--path", required=True)
+    _target_args(inspect)
     _scope_args(inspect)
     inspect.set_defaults(func=_inspect)
 
@@ -442,7 +463,7 @@ def build_parser() -> argparse.ArgumentParser:
     _store_arg(resolve)
     resolve.add_argument("--key", required=True, help=_KEY_HELP)
     resolve.add_argument("--method", default="POST")
-    resolve.add_argument("--path", required=True)
+    _target_args(resolve)
     _scope_args(resolve)
     resolve.add_argument("--force", action="store_true", help="also delete a completed record")
     resolve.set_defaults(func=_resolve)

@@ -7,7 +7,7 @@ Works in any WSGI app: Flask, Django, Falcon, Pyramid, Bottle, or a bare WSGI ca
 A thin shell, like the ASGI one: it builds the neutral request from the environ, reads
 ``wsgi.input`` within the limit (chunked input too), captures ``start_response`` and every chunk
 of the response iterable, and forwards the flow's answers. Every decision is made by
-:mod:`retrysafe._core.flow`, performed by the sync runner (generated from the async one).
+:mod:`retrysafe._core.http`, performed by the sync runner (generated from the async one).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Any
 
 from ._body import BodyRefused, read_wsgi_body
 from ._core.config import IdempotencyConfig, RouteOptions, front_config, front_store
-from ._core.flow import EXECUTE, RUN_UNPROTECTED, Answer, Capture, Flow, admit, notify
+from ._core.http import EXECUTE, RUN_UNPROTECTED, Answer, Capture, Flow, admit, notify
 from ._core.request import Request, content_length
 from ._core.routes import route_config
 from ._core.transaction import CONTEXT_SCOPE_KEY, context_transaction

@@ -18,7 +18,8 @@ says why not. The blocks of one project run, in page order, in a fresh empty fol
 
 - ``file=PATH``: the block is written to ``PATH`` (``append``: added at the end of the file an
   earlier step made, e.g. the ``settings.py`` of ``django-admin startproject``).
-- ``run`` (Python): the block is run as a script; it must exit 0.
+- ``run`` (Python): the block is run as a script (after being written, with ``file=``); it
+  must exit 0.
 - shell blocks: each command is run (``\\`` continues a line); it must exit 0. ``pip install``
   lines are not run: they are what the project needs installed (:meth:`Project.requirements`),
   which the environment the caller passes provides. With ``serve``, the block's last command is
@@ -31,8 +32,9 @@ says why not. The blocks of one project run, in page order, in a fresh empty fol
 
 The only rewrite is of ports: a server's port and each ``with=`` port are replaced, in every
 block and command of the project, by a free port (``127.0.0.1:8000`` becomes
-``127.0.0.1:41234``), since a shared machine cannot promise port 8000; a server command that
-names no port gets its default port's replacement as a flag (``uvicorn main:app --port 41234``).
+``127.0.0.1:41234``, ``--port 8000`` becomes ``--port 41234``), since a shared machine cannot
+promise port 8000; a server command that names no port gets its default port's replacement as a
+flag (``uvicorn main:app --port 41234``).
 Markers may appear on any block of a project; a project's settings are the union of its blocks'.
 """
 
@@ -362,6 +364,7 @@ def _stop_group(proc: subprocess.Popen[bytes]) -> None:
 def _remap(text: str, ports: Mapping[int, int]) -> str:
     for page, real in ports.items():
         text = re.sub(rf"\b({_HOSTPORT}):{page}\b", rf"\g<1>:{real}", text)
+        text = re.sub(rf"(--port[ =]){page}\b", rf"\g<1>{real}", text)
     return text
 
 
@@ -422,6 +425,16 @@ def run_project(
                         raise AssertionError(f"{block.where}: nothing to append to in {target}")
                     code = target.read_text() + "\n" + code
                 target.write_text(code)
+                if block.lang in {"python", "py"} and "run" in block.flags:
+                    result.outputs.append(
+                        _run(
+                            f"python {block.marker['file']}",
+                            folder,
+                            environment,
+                            block.where,
+                            timeout,
+                        )
+                    )
             elif block.lang in {"python", "py"} and "run" in block.flags:
                 script = folder / f"block_{block.line}.py"
                 script.write_text(code)

@@ -4,7 +4,10 @@ The tree::
 
     IdempotencyError                 base: catch this to catch everything from retrysafe
     ├── ConfigurationError           bad settings, unknown store scheme, missing extra (start-up)
-    ├── InvalidKeyError              the Idempotency-Key header is malformed
+    ├── InvalidKeyError              the Idempotency-Key header (or a call's key) is malformed
+    ├── KeyReusedError               a call's key was used with different arguments
+    ├── InProgressError              the first call with the key still runs (``retry_after``)
+    ├── OutcomeUnknownError          the first call committed its effects, its result was lost
     ├── StoreError                   the store could not be reached or answered badly
     │   └── StoreUnavailableError    connection refused / timed out: retry later
     └── CodecError                   a stored record could not be decoded
@@ -16,7 +19,10 @@ __all__ = [
     "CodecError",
     "ConfigurationError",
     "IdempotencyError",
+    "InProgressError",
     "InvalidKeyError",
+    "KeyReusedError",
+    "OutcomeUnknownError",
     "StoreError",
     "StoreUnavailableError",
 ]
@@ -50,6 +56,58 @@ class InvalidKeyError(IdempotencyError):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
+
+
+class _CallError(IdempotencyError):
+    """A duplicate call that did not run; carries which function and record it was about."""
+
+    def __init__(self, message: str, *, function: str = "", record: str = "") -> None:
+        super().__init__(message)
+        self.function = function
+        self.record = record
+
+
+class KeyReusedError(_CallError):
+    """The key was used before with different arguments (a different fingerprint): nothing ran.
+
+    The HTTP fronts answer the same situation with ``422 idempotency-key-reused``.
+
+    Args:
+        message: what happened.
+        function: the name the call's keys are scoped by.
+        record: a prefix of the record id (a hash; never the key).
+    """
+
+
+class InProgressError(_CallError):
+    """The first call with this key is still running (its owner is alive): nothing ran.
+
+    Retry after :attr:`retry_after` seconds, or decorate with ``on_conflict="wait"``.
+
+    Args:
+        message: what happened.
+        retry_after: whole seconds after which a retry is likely to find the outcome.
+        function: the name the call's keys are scoped by.
+        record: a prefix of the record id.
+    """
+
+    def __init__(
+        self, message: str, *, retry_after: int, function: str = "", record: str = ""
+    ) -> None:
+        super().__init__(message, function=function, record=record)
+        self.retry_after = retry_after
+
+
+class OutcomeUnknownError(_CallError):
+    """The first call with this key committed its effects (``mark_committed``), then its process
+    died before the result was stored. It never runs again: an operator checks what happened and
+    resolves the key (``retrysafe resolve --function ... --key ...``), or its retention ends.
+
+    Args:
+        message: what happened.
+        function: the name the call's keys are scoped by.
+        record: a prefix of the record id.
+    """
 
 
 class StoreError(IdempotencyError):

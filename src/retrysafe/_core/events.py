@@ -3,7 +3,9 @@
 Each line reads ``<message> event=<event> record=<hashed prefix> method=... route=... path=...``
 (logfmt after the message, so it greps and parses), and carries the same fields as a dict in
 ``record.retrysafe`` for JSON formatters. Keys are never logged: ``record`` is a prefix of the
-record id, a hash of (scope, method, path, key).
+record id, a hash of (scope, method, path, key). A function call's line reads ``kind=call
+function=<name>`` instead of the method, route and path, and its message speaks of arguments and
+results.
 
 =======================  ========  ==============================================================
 event                    level     when
@@ -55,8 +57,20 @@ _MESSAGES: dict[str, str] = {
     "completion_failed": "gave up storing the response",
 }
 
+#: The same events of a function call (``kind=call``), in its words.
+_CALL_MESSAGES: dict[str, str] = {
+    **_MESSAGES,
+    "mismatch": "idempotency key reused with different arguments",
+    "store_error": "idempotency store failed, the call did not run",
+    "outcome_unknown": "outcome unknown: effects committed, result never stored",
+    "lease_lost": "lease taken over by another caller",
+    "completion_deferred": "could not store the result; retrying in the background",
+    "completion_recovered": "result stored after a retry",
+    "completion_failed": "gave up storing the result",
+}
+
 # Logged in this order; anything else in the details (e.g. a raw key) is never logged.
-_FIELDS = ("record", "method", "route", "path", "phase", "error")
+_FIELDS = ("record", "kind", "function", "method", "route", "path", "phase", "error")
 
 
 def _value(value: object) -> str:
@@ -72,8 +86,8 @@ def log_event(event: str, details: Mapping[str, Any], message: str | None = None
 
     Args:
         event: the event name (as given to ``on_event``).
-        details: the event's details; only ``record``, ``method``, ``route``, ``path``,
-            ``phase`` and ``error`` are logged.
+        details: the event's details; only ``record``, ``kind``, ``function``, ``method``,
+            ``route``, ``path``, ``phase`` and ``error`` are logged.
         message: what happened, in words (default: a fixed text per event).
     """
     level = LOG_LEVELS.get(event)
@@ -85,4 +99,6 @@ def log_event(event: str, details: Mapping[str, Any], message: str | None = None
         if value is not None:
             fields[name] = value
     text = " ".join(f"{name}={_value(value)}" for name, value in fields.items())
-    logger.log(level, "%s %s", message or _MESSAGES[event], text, extra={"retrysafe": dict(fields)})
+    if message is None:
+        message = (_CALL_MESSAGES if fields.get("kind") == "call" else _MESSAGES)[event]
+    logger.log(level, "%s %s", message, text, extra={"retrysafe": dict(fields)})

@@ -6,10 +6,15 @@ the handler asks for the connection with :func:`transaction`, which begins the t
 (a handler that never asks pays nothing, and a slow handler holds no lock before it writes). When
 the response is final, the middleware writes the fenced completion record on that connection and
 commits; a failure or a released status rolls back and releases the key.
+
+An idempotent function's call is found the same way without a request: the running call's
+context is in :data:`CURRENT_CALL`, a context variable (so it follows the call into the tasks it
+awaits, and never leaks into another call or thread).
 """
 
 from __future__ import annotations
 
+import contextvars
 from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
 
@@ -17,6 +22,7 @@ from .errors import ConfigurationError
 
 __all__ = [
     "CONTEXT_SCOPE_KEY",
+    "CURRENT_CALL",
     "AsyncTransaction",
     "Transaction",
     "context_transaction",
@@ -27,6 +33,11 @@ __all__ = [
 
 #: Where the middleware puts the executing request's context (ASGI scope, WSGI environ).
 CONTEXT_SCOPE_KEY = "retrysafe.context"
+
+#: The context of the idempotent function call running in this context (``None`` outside one).
+CURRENT_CALL: contextvars.ContextVar[Any] = contextvars.ContextVar(
+    "retrysafe_current_call", default=None
+)
 
 
 @runtime_checkable
@@ -95,27 +106,40 @@ class Transaction(Protocol):
         ...
 
 
-def context_transaction(scope: Mapping[str, Any], *, optional: bool) -> Any:
-    """The transaction object of the request whose scope or environ this is.
+def current_context(request: Any) -> Any:
+    """The running operation's context: the request's (``request`` a Starlette/FastAPI
+    ``Request``, an ASGI scope or a WSGI environ), or with ``request=None`` the current
+    idempotent call's; ``None`` when there is none."""
+    if request is None:
+        return CURRENT_CALL.get()
+    scope: Mapping[str, Any] = getattr(request, "scope", request)
+    return scope.get(CONTEXT_SCOPE_KEY)
+
+
+def context_transaction(scope: Mapping[str, Any] | None, *, optional: bool) -> Any:
+    """The transaction object of the request whose scope or environ this is (``None``: of the
+    current idempotent call).
 
     Raises:
         ConfigurationError: there is none and ``optional`` is false.
     """
-    context = scope.get(CONTEXT_SCOPE_KEY)
+    context = current_context(scope)
     tx = None if context is None else context.transaction
     if tx is None and not optional:
+        what = "call" if scope is None else "request"
         raise ConfigurationError(
-            "no idempotent transaction for this request: it carries no key, or the middleware "
-            "is not in transactional mode (transactional=True with a SQL store)"
+            f"no idempotent transaction for this {what}: it carries no key, or it does not run "
+            "in transactional mode (transactional=True with a SQL store)"
         )
     return tx
 
 
-async def transaction(request: Any, *, optional: bool = False) -> Any:
+async def transaction(request: Any = None, *, optional: bool = False) -> Any:
     """Return the database connection of the current request's idempotent transaction.
 
     Args:
-        request: a Starlette/FastAPI ``Request`` or an ASGI scope.
+        request: a Starlette/FastAPI ``Request`` or an ASGI scope; inside an idempotent
+            ``async def`` function, nothing (its call's transaction).
         optional: return ``None`` instead of raising when the request has no transaction
             (e.g. no key on a route where the key is optional).
 
@@ -127,11 +151,13 @@ async def transaction(request: Any, *, optional: bool = False) -> Any:
         ConfigurationError: the request does not run in transactional mode (no key, a replay,
             or ``transactional=True`` is not set on the middleware).
     """
-    tx = context_transaction(getattr(request, "scope", request), optional=optional)
+    tx = context_transaction(
+        None if request is None else getattr(request, "scope", request), optional=optional
+    )
     return None if tx is None else await tx.connection()
 
 
-async def mark_committed(request: Any) -> bool:
+async def mark_committed(request: Any = None) -> bool:
     """Declare that the request's side effects are committed (non-transactional mode).
 
     Call it right after the effect (the order row committed, the payment captured). From then
@@ -142,14 +168,14 @@ async def mark_committed(request: Any) -> bool:
     transactional mode a no-op (the effects commit with the record).
 
     Args:
-        request: a Starlette/FastAPI ``Request`` or an ASGI scope.
+        request: a Starlette/FastAPI ``Request`` or an ASGI scope; inside an idempotent
+            ``async def`` function, nothing (its call).
 
     Returns:
         ``True`` when recorded (or the request has no key: nothing to protect); ``False`` when
         the store could not be reached or the lease was lost.
     """
-    scope: Mapping[str, Any] = getattr(request, "scope", request)
-    context = scope.get(CONTEXT_SCOPE_KEY)
+    context = current_context(request)
     if context is None:
         return True
     ok: bool = await context.mark_committed()

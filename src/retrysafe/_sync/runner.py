@@ -1,10 +1,12 @@
 # Generated from src/retrysafe/_async/runner.py by scripts/unasync.py: do not edit.
-"""The sync runner: performs the request flow's actions against a sync store.
+"""The sync runner: performs a keyed operation's actions against a sync store.
 
-The flow (:mod:`retrysafe._core.flow`) decides; this module only does what it is told: one store
-call per action, the request's transaction object, the handler's finalizers, lease renewal and
-background completion (through :class:`LeaseKeeper`). It is also the handler's context
-(``transaction()``, ``mark_committed()``).
+The operation (:mod:`retrysafe._core.operation`, with its HTTP and call layers) decides; this
+module only does what it is told: one store call per action, the operation's transaction object,
+the work's finalizers, lease renewal and background completion (through
+:class:`LeaseKeeper`). It is also the work's context (``transaction()``,
+``mark_committed()``). :class:`OperationRun` drives the phases every layer shares;
+:class:`Exchange` adds an HTTP request's, :class:`CallRun` a function call's.
 
 This file is generated from ``_async/runner.py`` by ``scripts/unasync.py``
 (``make test`` checks that it is up to date): edit that file, then run the script.
@@ -14,15 +16,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Generic, TypeVar
 
+from .._core.call import REPLAYED, Call
 from .._core.drive_sync import drive
-from .._core.flow import (
+from .._core.http import Answer, Flow
+from .._core.operation import (
     BEGIN,
     CLOCK,
     COMPLETE,
     DEFER,
     EMIT,
+    EXECUTE,
     FINALIZE,
     MARK_COMMITTED,
     NOW,
@@ -35,48 +40,53 @@ from .._core.flow import (
     TX_ROLLBACK,
     TX_STATE,
     Action,
-    Answer,
     Estimates,
-    Flow,
-    notify,
+    Operation,
 )
-from .._core.transaction import Transaction
+from .._core.transaction import CURRENT_CALL, Transaction
 from ..stores._base import Store
 from ._keeper import LeaseKeeper
 
-__all__ = ["Exchange", "Runner"]
+__all__ = ["CallRun", "Exchange", "OperationRun", "Runner"]
+
+V = TypeVar("V")
 
 
 class Runner:
-    """What one middleware's requests share: the store and the lease keeper.
+    """What one front's operations share (a middleware's requests, a function's calls): the
+    store, the lease keeper and the duration estimates.
 
     Args:
         store: the store.
+        keeper: a lease keeper shared with other fronts (default: one of its own).
     """
 
     __slots__ = ("estimates", "keeper", "store")
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, keeper: LeaseKeeper | None = None) -> None:
         self.store = store
-        self.keeper = LeaseKeeper()
+        self.keeper = LeaseKeeper() if keeper is None else keeper
         self.estimates = Estimates()
 
 
-class Exchange:
-    """One keyed request: drives its :class:`~retrysafe._core.flow.Flow`, and is the handler's
-    context (the object :func:`retrysafe.transaction` and :func:`retrysafe.mark_committed`
-    find in the request's scope or environ).
+class OperationRun(Generic[V]):
+    """One keyed operation: drives the phases of its
+    :class:`~retrysafe._core.operation.Operation` that every layer shares, and is the work's
+    context (the object :func:`retrysafe.transaction` and :func:`retrysafe.mark_committed` find
+    in the request's scope or environ, or in the current call).
 
     Args:
-        runner: the middleware's runner.
-        flow: the request's flow.
+        runner: the front's runner.
+        flow: the operation.
     """
 
     __slots__ = ("finalizers", "flow", "keeper", "started", "store", "tx")
 
-    def __init__(self, runner: Runner, flow: Flow) -> None:
+    flow: Operation[V]
+
+    def __init__(self, runner: Runner, flow: Operation[V]) -> None:
         self.flow = flow
-        flow.estimates = runner.estimates  # the middleware's, shared by its requests
+        flow.estimates = runner.estimates  # the front's, shared by its operations
         self.started = 0.0
         self.store = runner.store
         self.keeper = runner.keeper
@@ -85,50 +95,25 @@ class Exchange:
 
     # -- what a shell calls, in order --------------------------------------------------------
 
-    def claim(self) -> str | Answer:
-        """See :meth:`Flow.claim` (the drive itself: no wrapper coroutine on the hot path)."""
+    def claim(self) -> str | V:
+        """See :meth:`Operation.claim` (the drive itself: no wrapper coroutine on the hot path)."""
         return drive(self.flow.claim(), self)
 
     def start(self) -> None:
-        """The handler starts: renew its lease until it settles."""
+        """The work starts: renew its lease until it settles."""
         self.started = self.keeper.add(self, self.flow.config.lease / 3)
 
-    def settle(
-        self,
-        status: int,
-        headers: list[tuple[bytes, bytes]] | tuple[tuple[bytes, bytes], ...],
-        body: bytes,
-        omitted: bool,
-    ) -> Answer | None:
-        """See :meth:`Flow.settle` (outside transactional mode its plain twin, whose verdict is
-        always ``None``; no wrapper coroutine on the hot path)."""
-        flow = self.flow
-        flow.observe(self.keeper.discard(self) - self.started)
-        if not flow.in_tx:
-            return drive(flow.settle_plain(status, headers, body, omitted), self)
-        return drive(flow.settle(status, headers, body, omitted), self)
-
-    def fail(self, error: BaseException, started: bool) -> Answer | None:
-        """See :meth:`Flow.failed`."""
-        self.keeper.discard(self)
-        return drive(self.flow.failed(error, started), self)
-
-    def incomplete(self) -> None:
-        """See :meth:`Flow.incomplete`."""
-        self.keeper.discard(self)
-        drive(self.flow.incomplete(), self)
-
     def end(self) -> None:
-        """The request is over (whatever happened): close what is still open."""
+        """The operation is over (whatever happened): close what is still open."""
         steps = self.flow.finish()
         if steps is not None:
             drive(steps, self)
 
-    # -- the handler's context ---------------------------------------------------------------
+    # -- the work's context ------------------------------------------------------------------
 
     @property
     def transaction(self) -> Transaction | None:
-        """The request's transaction in transactional mode, else ``None``."""
+        """The operation's transaction in transactional mode, else ``None``."""
         return self.tx
 
     def add_finalizer(self, finalizer: Callable[[bool], None]) -> None:
@@ -140,7 +125,7 @@ class Exchange:
         """See :func:`retrysafe.mark_committed`."""
         return drive(self.flow.mark_committed(), self)
 
-    # -- beside the handler ------------------------------------------------------------------
+    # -- beside the work ---------------------------------------------------------------------
 
     def renew(self) -> bool:
         """Renew the lease (the keeper calls this); ``False``: stop renewing."""
@@ -155,8 +140,8 @@ class Exchange:
     # -- performing actions ------------------------------------------------------------------
 
     def perform(self, action: Action) -> Any:
-        """Carry out one action of the flow (for :func:`drive`). The two actions of every keyed
-        request hand back the store's own call."""
+        """Carry out one action of the operation (for :func:`drive`). The two actions of every
+        keyed operation hand back the store's own call."""
         op, arg = action
         if op is RESERVE:
             flow = self.flow
@@ -176,9 +161,9 @@ class Exchange:
             return self.store.release(flow.record_id, token)
         if op is EMIT:
             if isinstance(arg, tuple):
-                notify(flow.config, arg[0], flow.request, flow.record_id, arg[1])
+                flow.notify(arg[0], arg[1])
             else:
-                notify(flow.config, arg, flow.request, flow.record_id)
+                flow.notify(arg)
             return None
         if op is RENEW:
             return self.store.renew(flow.record_id, token, lease=flow.config.lease)
@@ -219,3 +204,106 @@ class Exchange:
             self.keeper.spawn(self._complete_later, arg)
             return None
         raise AssertionError(f"unknown flow action {op!r}")  # pragma: no cover
+
+
+class Exchange(OperationRun[Answer]):
+    """One keyed HTTP request: the phases of its :class:`~retrysafe._core.http.Flow` that
+    belong to HTTP (the response's settlement, a failing or unfinished handler).
+
+    Args:
+        runner: the middleware's runner.
+        flow: the request's flow.
+    """
+
+    __slots__ = ()
+
+    flow: Flow
+
+    def settle(
+        self,
+        status: int,
+        headers: list[tuple[bytes, bytes]] | tuple[tuple[bytes, bytes], ...],
+        body: bytes,
+        omitted: bool,
+    ) -> Answer | None:
+        """See :meth:`Flow.settle` (outside transactional mode its plain twin, whose verdict is
+        always ``None``; no wrapper coroutine on the hot path)."""
+        flow = self.flow
+        flow.observe(self.keeper.discard(self) - self.started)
+        if not flow.in_tx:
+            return drive(flow.settle_plain(status, headers, body, omitted), self)
+        return drive(flow.settle(status, headers, body, omitted), self)
+
+    def fail(self, error: BaseException, started: bool) -> Answer | None:
+        """See :meth:`Flow.failed`."""
+        self.keeper.discard(self)
+        return drive(self.flow.failed(error, started), self)
+
+    def incomplete(self) -> None:
+        """See :meth:`Flow.incomplete`."""
+        self.keeper.discard(self)
+        drive(self.flow.incomplete(), self)
+
+
+class CallRun(OperationRun[str]):
+    """One keyed call of an async function: its :class:`~retrysafe._core.call.Call` from the
+    claim to the stored result.
+
+    Args:
+        runner: the function's runner.
+        flow: the call.
+    """
+
+    __slots__ = ()
+
+    flow: Call
+
+    def invoke(
+        self, function: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        """Run the call once per key: the stored result of the first call with this key, or
+        ``function(*args, **kwargs)`` run now (with this run as the current call's context) and
+        its result stored.
+
+        Raises:
+            KeyReusedError: the key was used with other arguments.
+            InProgressError: the first call still runs (after waiting, with ``on_conflict``).
+            OutcomeUnknownError: the first call's effects are committed, its result unknown.
+            StoreError: the store failed (``on_store_error="fail_closed"``).
+            CodecError: the stored result cannot be read, or this result cannot be stored.
+            BaseException: what the function raised (or, replayed, its final exception).
+        """
+        verdict = self.claim()
+        if verdict is REPLAYED:
+            return self.flow.value
+        if verdict is not EXECUTE:  # fail-open after a store error: run unprotected
+            return function(*args, **kwargs)
+        context = CURRENT_CALL.set(self)
+        self.start()
+        try:
+            try:
+                tx = self.tx
+                if tx is not None and getattr(tx, "begins_eagerly", False):
+                    # An ORM's transaction (Django's atomic block): the function writes through
+                    # the ORM, never asks for the connection, so the block opens before it runs.
+                    tx.connection()
+                value = function(*args, **kwargs)
+            except BaseException as exc:
+                self.fail(exc)
+                raise
+            self.settle(value)
+        finally:
+            CURRENT_CALL.reset(context)
+            self.end()
+        return value
+
+    def settle(self, value: Any) -> None:
+        """See :meth:`Call.settle`."""
+        flow = self.flow
+        flow.observe(self.keeper.discard(self) - self.started)
+        drive(flow.settle(value), self)
+
+    def fail(self, error: BaseException) -> None:
+        """See :meth:`Call.failed`."""
+        self.keeper.discard(self)
+        drive(self.flow.failed(error), self)

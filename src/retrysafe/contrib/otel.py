@@ -137,6 +137,9 @@ class OpenTelemetryTracing:
                 attributes["idempotency.record"] = record
             if details.get("route"):
                 attributes["idempotency.route"] = details["route"]
+            if details.get("function"):  # an idempotent function's call
+                attributes["idempotency.kind"] = "call"
+                attributes["idempotency.function"] = details["function"]
             span.set_attributes(attributes)
         if event in SPAN_EVENTS:
             event_attributes: dict[str, Any] = {}

@@ -18,14 +18,16 @@
 - ``retrysafe_store_operation_seconds{operation,store}``: latency of each store operation.
 - ``retrysafe_store_errors_total{operation,store}``: store operations that raised.
 
-``route`` is the route template (``/orders/{record_id}``), ``unmatched`` when unknown: never the
-raw path or the key. Multi-process servers (gunicorn, ``uvicorn --workers``): set
-``PROMETHEUS_MULTIPROC_DIR`` to an empty directory before the server starts; then
-:func:`metrics_response` aggregates every worker's values (prometheus_client's multiprocess
-collector); under gunicorn put ``from retrysafe.contrib.prometheus import gunicorn_child_exit as
-child_exit`` in its config file, so a dead worker's in-flight count stops counting. In that mode the
-request counters and the gauge are written by a thread every ``flush_interval`` (1 s), so a
-scrape may lag the requests by that much; the hot path then writes no file.
+``route`` is the route template (``/orders/{record_id}``), ``unmatched`` when unknown: never the raw
+path or the key; for an idempotent function's calls, ``call <function name>`` (pass
+``on_event=metrics.event_hook(...)`` to ``idempotent_function``). Multi-process servers (gunicorn,
+``uvicorn --workers``): set ``PROMETHEUS_MULTIPROC_DIR`` to an empty directory before the server
+starts; then :func:`metrics_response` aggregates every worker's values (prometheus_client's
+multiprocess collector); under gunicorn put ``from retrysafe.contrib.prometheus import
+gunicorn_child_exit as child_exit`` in its config file, so a dead worker's in-flight count stops
+counting. In that mode the request counters and the gauge are written by a thread every
+``flush_interval`` (1 s), so a scrape may lag the requests by that much; the hot path then writes no
+file.
 """
 
 from __future__ import annotations
@@ -233,6 +235,8 @@ class PrometheusMetrics:
 
         def on_event(event: str, details: Mapping[str, Any]) -> None:
             route = details.get("route")
+            if route is None and "function" in details:  # a call: labelled by its function
+                route = "call " + details["function"]
             action = actions.get((event, route))
             if action is None:
                 action = actions[(event, route)] = self._action(event, route, store)

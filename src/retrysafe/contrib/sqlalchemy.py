@@ -27,6 +27,10 @@ final.
 
 Engines are created once per dialect and hand out the current request's connection (a context
 variable), with ``NullPool``: SQLAlchemy never keeps a connection it does not own.
+
+Inside an idempotent function (``transactional=True``) no request is passed: ``await
+async_session()`` / ``await session()`` in an ``async def``, :func:`call_session` in a ``def``
+(SQLite or PostgreSQL); the session's writes commit with the call's stored result.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ import contextvars
 import sqlite3
 from typing import Any
 
-from .._core.transaction import CONTEXT_SCOPE_KEY, transaction
+from .._core.transaction import context_transaction, current_context, transaction
 
 try:
     from sqlalchemy import create_engine
@@ -48,7 +52,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
         "retrysafe.contrib.sqlalchemy needs: pip install 'retrysafe[sqlalchemy]'"
     ) from exc
 
-__all__ = ["async_session", "session"]
+__all__ = ["async_session", "call_session", "session"]
 
 _current: contextvars.ContextVar[Any] = contextvars.ContextVar("retrysafe_sqlalchemy_connection")
 _engines: dict[str, Any] = {}
@@ -91,6 +95,45 @@ class _AsyncpgConnection:
         return getattr(self._conn, name)
 
 
+class _PsycopgConnection:
+    """The call's ``psycopg.Connection`` as SQLAlchemy sees it: its own (client-side binding)
+    cursors, since the store's connections use PostgreSQL's ``$1`` placeholders; ending the
+    transaction or the connection is ignored (both belong to retrysafe)."""
+
+    def __init__(self, conn: Any) -> None:
+        self._conn = conn
+
+    def cursor(self, *args: Any, **kwargs: Any) -> Any:
+        import psycopg
+
+        return psycopg.Cursor(self._conn)
+
+    def commit(self) -> None:
+        """Ignored: retrysafe commits with the idempotency record."""
+
+    def rollback(self) -> None:
+        """Ignored: retrysafe rolls back when the call fails."""
+
+    def close(self) -> None:
+        """Ignored: the connection goes back to retrysafe's pool."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._conn, name)
+
+
+def _psycopg_engine() -> Engine:
+    engine: Engine | None = _engines.get("psycopg")
+    if engine is None:
+        engine = create_engine(
+            "postgresql+psycopg://",
+            creator=lambda: _PsycopgConnection(_current.get()),
+            poolclass=NullPool,
+            use_native_hstore=False,  # its set-up would register types on retrysafe's connection
+        )
+        _engines["psycopg"] = engine
+    return engine
+
+
 def _sqlite_engine() -> Engine:
     engine: Engine | None = _engines.get("sqlite")
     if engine is None:
@@ -115,11 +158,12 @@ def _asyncpg_engine() -> AsyncEngine:
     return engine
 
 
-async def session(request: Any, **kwargs: Any) -> Session:
+async def session(request: Any = None, **kwargs: Any) -> Session:
     """A SQLAlchemy ``Session`` on the request's SQLite transaction.
 
     Args:
-        request: a Starlette/FastAPI ``Request`` or an ASGI scope.
+        request: a Starlette/FastAPI ``Request`` or an ASGI scope; nothing inside an idempotent
+            ``async def`` function (its call's transaction).
         **kwargs: passed to ``Session`` (e.g. ``expire_on_commit=False``).
 
     Raises:
@@ -141,11 +185,12 @@ async def session(request: Any, **kwargs: Any) -> Session:
     return db
 
 
-async def async_session(request: Any, **kwargs: Any) -> AsyncSession:
+async def async_session(request: Any = None, **kwargs: Any) -> AsyncSession:
     """A SQLAlchemy ``AsyncSession`` on the request's PostgreSQL (asyncpg) transaction.
 
     Args:
-        request: a Starlette/FastAPI ``Request`` or an ASGI scope.
+        request: a Starlette/FastAPI ``Request`` or an ASGI scope; nothing inside an idempotent
+            ``async def`` function (its call's transaction).
         **kwargs: passed to ``AsyncSession``.
 
     Raises:
@@ -167,6 +212,30 @@ async def async_session(request: Any, **kwargs: Any) -> AsyncSession:
     return db
 
 
+def call_session(**kwargs: Any) -> Session:
+    """A SQLAlchemy ``Session`` on the running idempotent ``def`` function's transaction
+    (SQLite or PostgreSQL): its writes commit together with the call's stored result.
+
+    Args:
+        **kwargs: passed to ``Session``.
+
+    Raises:
+        ConfigurationError: not inside an idempotent ``def`` function in transactional mode.
+    """
+    tx = context_transaction(None, optional=False)
+    conn = tx.connection()
+    _current.set(conn)
+    engine = _sqlite_engine() if isinstance(conn, sqlite3.Connection) else _psycopg_engine()
+    db = Session(bind=engine, **kwargs)
+
+    def finish(ok: bool) -> None:
+        if ok:
+            db.commit()  # flushes; the connection ignores the COMMIT itself
+        db.close()
+
+    current_context(None).add_finalizer(finish)
+    return db
+
+
 def _context(request: Any) -> Any:
-    scope = getattr(request, "scope", request)
-    return scope[CONTEXT_SCOPE_KEY]
+    return current_context(request)

@@ -1,6 +1,6 @@
 """A scripted driver for the sans-I/O flow: the world, played from a list.
 
-A phase of :class:`retrysafe._core.flow.Flow` is a generator that yields ``(op, argument)`` actions
+A phase of :class:`retrysafe._core.http.Flow` is a generator that yields ``(op, argument)`` actions
 and returns a verdict. :func:`run` plays the runner's part (``_async/runner.py``): for each
 action it checks that it is the next one the test expects, then sends back the scripted result,
 or throws the scripted exception into the generator, as the runner does when performing an
@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from retrysafe import IdempotencyConfig, Request
-from retrysafe._core.flow import BEGIN, EMIT, EXECUTE, RESERVE, Action, Flow
+from retrysafe._core.http import Flow
+from retrysafe._core.operation import BEGIN, EMIT, EXECUTE, RESERVE, Action
 from retrysafe.stores import Record, Reservation
 
 __all__ = [

@@ -11,7 +11,8 @@ import json
 import pytest
 
 from retrysafe import IdempotencyConfig
-from retrysafe._core.flow import Answer, Decision, admit, decide, retry_after, too_large
+from retrysafe._core.http import Answer, admit, too_large
+from retrysafe._core.operation import Decision, decide, retry_after
 from retrysafe.stores import Record, Reservation
 
 from .script import make_request

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from retrysafe import StoreError, StoreUnavailableError
-from retrysafe._core.flow import (
+from retrysafe._core.http import notify
+from retrysafe._core.operation import (
     CLOCK,
     COMPLETE,
     COMPLETION_RETRY_SECONDS,
@@ -15,7 +16,6 @@ from retrysafe._core.flow import (
     RENEW,
     SLEEP,
     TX_STATE,
-    notify,
 )
 
 from .script import Events, claimed, flow_for, make_request, run

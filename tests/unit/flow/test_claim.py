@@ -9,16 +9,8 @@ import pytest
 
 from retrysafe import StoreError, StoreUnavailableError
 from retrysafe._core.codec import StoredResponse, encode_response
-from retrysafe._core.flow import (
-    BEGIN,
-    CLOCK,
-    EMIT,
-    EXECUTE,
-    RESERVE,
-    RUN_UNPROTECTED,
-    SLEEP,
-    Answer,
-)
+from retrysafe._core.http import Answer
+from retrysafe._core.operation import BEGIN, CLOCK, EMIT, EXECUTE, RESERVE, RUN_UNPROTECTED, SLEEP
 from retrysafe.stores import Reservation
 
 from .script import completed, flow_for, in_progress, run, won

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from retrysafe import IdempotencyConfig
-from retrysafe._core.flow import Answer, admit, too_large
+from retrysafe._core.http import Answer, admit, too_large
 
 from .script import make_request
 

@@ -4,7 +4,7 @@ primitive, a framework, or anything of the package outside ``_core/`` (runners, 
 The core is found by folder: a module added to ``_core/`` is checked without being listed here.
 Read from the source with :mod:`ast` (every ``import``, including ones inside functions and
 under ``TYPE_CHECKING``), following imports within the package transitively. Importing the
-modules would not do: ``import retrysafe._core.flow`` runs ``retrysafe/__init__.py`` first, which
+modules would not do: ``import retrysafe._core.http`` runs ``retrysafe/__init__.py`` first, which
 loads the shells and stores.
 """
 
@@ -143,10 +143,11 @@ def test_a_core_module_reaches_nothing_outside_the_core(module: str) -> None:
 
 
 def test_the_core_is_found_by_folder() -> None:
-    # Guards the finder and the resolver: the flow reaches the modules it is built from.
-    assert {f"{CORE}.flow", f"{CORE}.records", f"{CORE}.config", f"{CORE}.errors"} <= CORE_MODULES
-    reached = set(_closure([f"{CORE}.flow"]))
-    assert {f"{CORE}.codec", f"{CORE}.keys", f"{CORE}.records", f"{CORE}.scope"} <= reached
+    # Guards the finder and the resolver: each layer reaches the modules it is built from.
+    assert {f"{CORE}.operation", f"{CORE}.http", f"{CORE}.call", f"{CORE}.errors"} <= CORE_MODULES
+    reached = set(_closure([f"{CORE}.http"]))
+    assert {f"{CORE}.operation", f"{CORE}.codec", f"{CORE}.keys", f"{CORE}.scope"} <= reached
+    assert {f"{CORE}.operation", f"{CORE}.keys"} <= set(_closure([f"{CORE}.call"]))
 
 
 def test_a_module_outside_the_core_is_not_taken_for_it() -> None:
@@ -164,5 +165,12 @@ def test_the_check_sees_asyncio_behind_the_async_runner() -> None:
 
 def test_the_check_resolves_parent_relative_and_submodule_imports() -> None:
     internal, external = _imports(f"{PACKAGE}._async.runner")
-    assert {f"{CORE}.flow", f"{PACKAGE}.stores._base", f"{PACKAGE}._async._keeper"} <= internal
+    assert {f"{CORE}.operation", f"{PACKAGE}.stores._base", f"{PACKAGE}._async._keeper"} <= internal
     assert "collections" in external
+
+
+def test_the_http_and_call_layers_share_only_the_operation() -> None:
+    # Each layer is built on the keyed operation; neither reaches the other.
+    assert f"{CORE}.call" not in _closure([f"{CORE}.http"])
+    assert f"{CORE}.http" not in _closure([f"{CORE}.call"])
+    assert f"{CORE}.http" not in _closure([f"{CORE}.operation"])

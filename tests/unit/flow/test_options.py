@@ -9,7 +9,8 @@ import pytest
 
 from retrysafe import ConfigurationError, IdempotencyConfig
 from retrysafe._core.codec import StoredResponse, decode_response, encode_response
-from retrysafe._core.flow import COMPLETE, EXECUTE, NOW, RESERVE, Answer, Estimates
+from retrysafe._core.http import Answer
+from retrysafe._core.operation import COMPLETE, EXECUTE, NOW, RESERVE, Estimates
 
 from .script import ANY, completed, flow_for, in_progress, run, won
 

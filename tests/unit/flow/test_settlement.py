@@ -12,7 +12,8 @@ import pytest
 
 from retrysafe import StoreError, StoreUnavailableError
 from retrysafe._core.codec import decode_response
-from retrysafe._core.flow import (
+from retrysafe._core.http import Answer, Flow
+from retrysafe._core.operation import (
     COMPLETE,
     DEFER,
     EMIT,
@@ -23,8 +24,6 @@ from retrysafe._core.flow import (
     TX_COMPLETE,
     TX_ROLLBACK,
     TX_STATE,
-    Answer,
-    Flow,
 )
 
 from .script import ANY, Events, claimed, run

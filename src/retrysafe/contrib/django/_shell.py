@@ -20,7 +20,7 @@ from django.http.request import RawPostDataException
 
 from ..._body import BodyRefused, read_wsgi_body
 from ..._core.config import IdempotencyConfig
-from ..._core.flow import Answer, Capture, client_gone, too_large
+from ..._core.http import Answer, Capture, client_gone, too_large
 from ..._core.request import Request
 from ...wsgi import request_from_environ
 
@@ -59,7 +59,7 @@ def neutral_request(request: HttpRequest) -> Request:
 
 def read_body(request: HttpRequest, declared: int, config: IdempotencyConfig) -> bytes | Answer:
     """The body within the limit, else the flow's answer: ``413`` past the limit,
-    :func:`~retrysafe._core.flow.client_gone` when it ended early (the stream failed, or gave
+    :func:`~retrysafe._core.http.client_gone` when it ended early (the stream failed, or gave
     fewer than ``declared`` bytes: the declared ``Content-Length``, ``-1`` for none), as the
     shared readers of :mod:`retrysafe._body` decide on the other shells."""
     meta = request.META

@@ -15,7 +15,7 @@ from typing import Any
 from django.http import HttpRequest, HttpResponse
 
 from ..._core.errors import StoreError
-from ..._core.flow import EXECUTE, RUN_UNPROTECTED, Answer, Capture, Flow
+from ..._core.http import EXECUTE, RUN_UNPROTECTED, Answer, Capture, Flow
 from ..._sync.runner import Exchange, Runner
 from ._shell import (
     EXCHANGE_ATTR,

@@ -11,7 +11,7 @@ split the way Django splits a request:
 - ``__call__``, once the inner middleware and the view have answered: the response is captured
   and settled (stored, or the key released), and the atomic block commits with the record.
 
-Every decision is the flow's (:mod:`retrysafe._core.flow`); the Django shell only translates.
+Every decision is the flow's (:mod:`retrysafe._core.http`); the Django shell only translates.
 The translation is plain helpers (:mod:`._shell`), the claim and the settling are
 :mod:`._async_view` and its generated sync twin :mod:`._sync_view`, and the middleware's
 methods only pick the mode.
@@ -29,7 +29,7 @@ from django.http import HttpRequest, HttpResponse
 from ..._async.runner import AsyncExchange, AsyncRunner
 from ..._core.config import IdempotencyConfig, RouteOptions, front_config
 from ..._core.errors import ConfigurationError
-from ..._core.flow import Answer, admit, notify
+from ..._core.http import Answer, admit, notify
 from ..._core.routes import route_config, route_options
 from ..._core.transaction import CONTEXT_SCOPE_KEY, context_transaction
 from ..._sync.runner import Runner

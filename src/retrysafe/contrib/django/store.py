@@ -243,6 +243,10 @@ class DjangoTransaction:
         store: the store whose database holds both the records and the application's tables.
     """
 
+    #: The view or function writes through the ORM, never through :meth:`connection`: the block
+    #: is entered before it runs.
+    begins_eagerly = True
+
     def __init__(self, store: DjangoStore) -> None:
         self._store = store
         self._atomic: Any = None
@@ -386,6 +390,8 @@ class AsyncDjangoTransaction:
     Args:
         tx: the synchronous transaction.
     """
+
+    begins_eagerly = True  # see DjangoTransaction.begins_eagerly
 
     def __init__(self, tx: DjangoTransaction) -> None:
         self.sync = tx
