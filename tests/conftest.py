@@ -20,6 +20,7 @@ REDIS_URL = os.environ.get("RETRYSAFE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0
 POSTGRES_URL = os.environ.get(
     "RETRYSAFE_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"
 )
+AMQP_URL = os.environ.get("RETRYSAFE_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2F")
 #: Unique per test run: every key, prefix and schema a run creates carries it, so a run never
 #: touches data it did not create.
 RUN_ID = uuid.uuid4().hex[:10]
@@ -59,6 +60,15 @@ def postgres_url() -> str:
     if problem:
         service_missing("PostgreSQL", problem)
     return POSTGRES_URL
+
+
+@pytest.fixture(scope="session")
+def rabbitmq_url() -> str:
+    """URL of the real RabbitMQ under test (RETRYSAFE_TEST_AMQP_URL)."""
+    problem = _reachable(AMQP_URL, 5672)
+    if problem:
+        service_missing("RabbitMQ", problem)
+    return AMQP_URL
 
 
 @pytest.fixture(scope="session")

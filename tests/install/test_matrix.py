@@ -60,9 +60,10 @@ MATRIX: dict[str, tuple[Path, str]] = {
     "proxy": (README, "proxy"),
     "prometheus": (OWN, "prometheus"),
     "otel": (OWN, "otel"),
+    "amqp": (OWN, "amqp"),
 }
 #: Extras whose project needs a service the test run provides (skip or fail as conftest says).
-NEEDS = {"redis": "redis_url", "postgres": "postgres_url"}
+NEEDS = {"redis": "redis_url", "postgres": "postgres_url", "amqp": "rabbitmq_url"}
 THREADS = 3  # the machine has 2 cores, shared: installs mostly wait on the network and disk
 
 

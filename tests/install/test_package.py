@@ -56,9 +56,9 @@ def test_the_wheel_carries_the_whole_package_and_the_license(dist: Path) -> None
     assert not missing, sorted(missing)
     for needed in (
         "retrysafe/py.typed",
-        "retrysafe/stores/lua/reserve.lua",
-        "retrysafe/stores/sql/postgres.sql",
-        "retrysafe/stores/sql/sqlite.sql",
+        "retrysafe/stores/redis/lua/reserve.lua",
+        "retrysafe/stores/postgres/postgres.sql",
+        "retrysafe/stores/sqlite/sqlite.sql",
         "retrysafe/contrib/django/migrations/0001_initial.py",
         "retrysafe/demo/static/index.html",
         f"retrysafe-{__version__}.dist-info/licenses/LICENSE",

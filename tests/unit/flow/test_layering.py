@@ -35,6 +35,13 @@ def _core_modules() -> frozenset[str]:
 
 CORE_MODULES = _core_modules()
 
+#: Every source of the package, parsed once when this module is collected: CPython 3.11.7's
+#: ``ast.parse`` can fail with "AST constructor recursion depth mismatch" after an unrelated test
+#: left the interpreter's recursion counter off (gh-106905), so no parse waits for the tests.
+_TREES = {
+    path: ast.parse(path.read_text(encoding="utf-8"), str(path)) for path in ROOT.rglob("*.py")
+}
+
 FORBIDDEN_EXTERNAL = frozenset(
     {
         "asyncio",
@@ -88,7 +95,9 @@ def _imports(module: str) -> tuple[set[str], set[str]]:
         if not found_submodule:
             internal.add(name)
 
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+    for node in ast.walk(
+        _TREES.get(path) or ast.parse(path.read_text(encoding="utf-8"), str(path))
+    ):
         if isinstance(node, ast.Import):
             for alias in node.names:
                 add(alias.name)
