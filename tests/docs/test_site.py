@@ -38,6 +38,8 @@ PUBLIC_MODULES = [
     "retrysafe",
     "retrysafe.asgi",
     "retrysafe.wsgi",
+    "retrysafe.functions",
+    "retrysafe.consumer",
     "retrysafe.stores",
     "retrysafe.stores.postgres",
     "retrysafe.stores.redis",
