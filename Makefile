@@ -63,10 +63,12 @@ matrix: $(STAMP)
 test: lint typecheck package unit
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
-# The documentation site: build it, then serve it on http://127.0.0.1:$(PORT)/ (make docs PORT=9000).
+# The documentation site: build it, then serve it on http://127.0.0.1:$(DOCS_PORT)/ (8001, so it
+# runs beside `make demo` on PORT's 8000; make docs DOCS_PORT=9001).
+DOCS_PORT ?= 8001
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
-	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve --dev-addr 127.0.0.1:$(or $(PORT),8001)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve --dev-addr 127.0.0.1:$(DOCS_PORT)
 
 BENCH_STAMP := $(VENV)/.installed-bench
 $(BENCH_STAMP): pyproject.toml $(STAMP)

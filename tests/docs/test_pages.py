@@ -16,8 +16,8 @@ pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
-#: Not pages of the site: the maintainers' decision log, and the README's long form.
-NOT_SITE = {DOCS / "design.md", DOCS / "guide.md"}
+#: Not a page of the site: the maintainers' decision log.
+NOT_SITE = {DOCS / "design.md"}
 PAGES = sorted(p for p in DOCS.rglob("*.md") if p not in NOT_SITE)
 PROJECTS = [(page, project) for page in PAGES for project in projects(page)]
 

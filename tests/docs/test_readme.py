@@ -98,6 +98,18 @@ def test_the_readme_is_a_landing_page_that_speaks_to_users() -> None:
             assert (ROOT / link).exists(), link
 
 
+def test_the_readme_links_the_sites_pages() -> None:
+    """Links into docs/ name pages the site builds (relative, so they work on GitHub too), or the
+    maintainers' decision log; never a long form beside the site."""
+    nav = (ROOT / "mkdocs.yml").read_text()
+    links = re.findall(r"\]\((docs/[^)#]+)(?:#[^)]*)?\)", README.read_text())
+    assert len(links) >= 10, links
+    for link in links:
+        if link == "docs/design.md":
+            continue
+        assert link.endswith(".md") and link.removeprefix("docs/") in nav, link
+
+
 @pytest.mark.parametrize("project", PROJECTS, ids=[p.name for p in PROJECTS])
 def test_the_readme_project_runs_as_pasted(project: Project, tmp_path: Path) -> None:
     folder = tmp_path / project.name

@@ -62,11 +62,12 @@ def test_a_replay_keeps_status_body_and_header_values_and_says_so(port: int) -> 
 
 
 def test_the_docs_say_exactly_what_is_replayed() -> None:
-    guide = " ".join((ROOT / "docs" / "guide.md").read_text().split())
-    assert "the body, byte for byte" in guide
-    assert "names in lower case" in guide
-    assert "reason phrase is not stored" in guide
-    for page in (ROOT / "README.md", ROOT / "docs" / "guide.md"):
+    contract = ROOT / "docs" / "explanation" / "wire-contract.md"
+    text = " ".join(contract.read_text().split())
+    assert "the body, byte for byte" in text
+    assert "names in lower case" in text
+    assert "reason phrase is not stored" in text
+    for page in (ROOT / "README.md", contract, ROOT / "docs" / "index.md"):
         text = " ".join(page.read_text().split())
         claims = re.findall(r"(\S+ \S+) byte for byte", text)
         assert all(claim.endswith("body,") for claim in claims), (page.name, claims)

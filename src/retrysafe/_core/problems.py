@@ -3,7 +3,8 @@
 Every body carries ``type`` (a URI: ``problem_type_base`` + slug) and, beside it, ``code``: the
 same identity as a plain snake_case token, for clients that switch on a string and would rather
 not parse a URI whose prefix the server may configure. Codes never change once published (the
-README's table lists them).
+documentation's Problem types pages, docs/reference/problems/, list them: generated from
+``PROBLEMS`` and ``PROXY_PROBLEMS`` when the site is built).
 """
 
 from __future__ import annotations

@@ -32,7 +32,8 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
         errors.append(
             Error(
                 str(problem),
-                hint="See the RETRYSAFE settings in the README.",
+                hint="Every option and the values it takes: the Configuration page of "
+                "retrysafe's documentation (docs/reference/configuration.md in its repository).",
                 id="retrysafe.E001",
             )
         )
