@@ -190,6 +190,24 @@ def test_same_key_with_a_different_request_is_422_and_nothing_runs(
     assert replay.content == first.content
 
 
+def test_repeated_query_values_in_another_order_are_another_request(
+    svc: Service, world: World
+) -> None:
+    # Flask's args.get reads the first of repeated values, Django's GET.get the last.
+    first = svc.post(key="k1", json=ORDER, params=[("qty", "1"), ("qty", "5")])
+    swapped = svc.post(key="k1", json=ORDER, params=[("qty", "5"), ("qty", "1")])
+    assert first.status_code == 201
+    assert swapped.status_code == 422
+    assert world["/orders"] == 1
+
+
+def test_query_names_in_another_order_are_the_same_request(svc: Service, world: World) -> None:
+    first = svc.post(key="k1", json=ORDER, params=[("a", "1"), ("qty", "1"), ("qty", "5")])
+    again = svc.post(key="k1", json=ORDER, params=[("qty", "1"), ("a", "1"), ("qty", "5")])
+    assert again.headers[REPLAYED] == "true" and again.content == first.content
+    assert world["/orders"] == 1
+
+
 def test_different_request_is_422_even_while_the_first_runs(svc: Service, world: World) -> None:
     first = svc.background(key="k1", json=ORDER, params={"hold": "1"})
     world.wait_entered()

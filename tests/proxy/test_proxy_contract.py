@@ -236,6 +236,22 @@ def test_raw_paths_the_upstream_tells_apart_never_share_a_record(
     assert paths == sorted([one, other])  # the upstream got each raw path, once
 
 
+def test_repeated_query_values_in_another_order_are_another_request(
+    proxy: Proxy, backend: Backend, client: httpx.Client
+) -> None:
+    key = new_key()
+    url = proxy.url + "/orders"
+    first = client.post(url + "?a=2&qty=1&qty=5", content=b"q", headers=keyed(key))
+    swapped = client.post(url + "?a=2&qty=5&qty=1", content=b"q", headers=keyed(key))
+    reordered = client.post(url + "?qty=1&a=2&qty=5", content=b"q", headers=keyed(key))
+    assert first.status_code == 201
+    assert swapped.status_code == 422  # the upstream would read other values: never a replay
+    assert problem_type(swapped) == "idempotency-key-reused"
+    assert reordered.headers["idempotency-replayed"] == "true"  # names in another order
+    assert reordered.content == first.content
+    assert len(backend.effects(key=f'"{key}"')) == 1
+
+
 async def test_20_concurrent_same_key_requests_across_processes_forward_once(
     proxy: Proxy, trusting_proxy: Proxy, backend: Backend
 ) -> None:

@@ -37,6 +37,14 @@ def test_query_parameter_order_does_not_matter() -> None:
     assert fp(query=b"a=%20") == fp(query=b"a=+")
 
 
+def test_values_of_one_name_keep_their_order() -> None:
+    # Frameworks read the first (Flask's args.get) or the last (Django's GET.get) of repeated
+    # values, so their order is part of the request; the order across names is not.
+    assert fp(query=b"qty=1&qty=5") != fp(query=b"qty=5&qty=1")
+    assert fp(query=b"a=1&b=2&a=3") == fp(query=b"b=2&a=1&a=3")
+    assert fp(query=b"a=1&b=2&a=3") != fp(query=b"a=3&b=2&a=1")
+
+
 def test_query_values_matter() -> None:
     assert fp(query=b"a=1") != fp(query=b"a=2")
     assert fp(query=b"a=1") != fp()

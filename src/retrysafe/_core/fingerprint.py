@@ -1,6 +1,7 @@
 """Request fingerprint: what makes two requests with one key "the same request".
 
-Method, path, the query with its parameters sorted, and the body. By default the raw body bytes
+Method, path, the query with its parameters sorted by name (the values of one name keep their
+order), and the body. By default the raw body bytes
 are hashed (about 2 us per KiB). ``canonical_json=True`` hashes a canonical form of a JSON body
 instead (sorted keys, no insignificant white space), for clients that re-serialize on retry; it
 costs 13-59 us per KiB, so it is opt-in. A body that is not valid JSON falls back to raw bytes.
@@ -21,7 +22,15 @@ def _canonical_query(query_string: bytes) -> bytes:
     # latin-1 maps every byte to one character, so percent escapes that are not UTF-8 (%FF vs
     # %FE) stay distinct instead of both decoding to U+FFFD.
     pairs = parse_qsl(query_string.decode("latin-1"), keep_blank_values=True, encoding="latin-1")
-    return urlencode(sorted(pairs), encoding="latin-1").encode("ascii")
+    # Sorted by name only (a stable sort): the order across names means nothing to a framework,
+    # but the order of one name's values does (Flask's ``args.get`` reads the first value,
+    # Django's ``GET.get`` the last), so ``qty=1&qty=5`` and ``qty=5&qty=1`` stay distinct.
+    pairs.sort(key=_name)
+    return urlencode(pairs, encoding="latin-1").encode("ascii")
+
+
+def _name(pair: tuple[str, str]) -> str:
+    return pair[0]
 
 
 def _canonical_json(body: bytes) -> bytes | None:
