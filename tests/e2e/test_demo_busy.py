@@ -223,3 +223,38 @@ def test_a_database_busy_past_the_bound_is_a_503_problem_on_every_orderhub(
     assert again.status_code == 201 and "idempotency-replayed" not in again.headers
     assert httpx.post(base + "/orders", json=ORDER, timeout=30).status_code == 201
     assert "Traceback" not in server.log_text()
+
+
+def _lease_lost_count(metrics: str) -> float:
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in metrics.splitlines()
+        if line.startswith("retrysafe_requests_total{") and 'outcome="lease_lost"' in line
+    )
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("framework", ["starlette", "flask", "django"])
+def test_a_transaction_holding_the_write_lock_past_a_renewal_is_no_lease_lost(
+    demo_servers: Callable[..., DemoServer], tmp_path: Path, framework: str
+) -> None:
+    """A keyed ``POST /orders?delay_after_ms=4000`` with an 8 s lease holds SQLite's write lock
+    past its first renewal (every 8/3 s). That renewal must not queue behind the request's own
+    transaction and then report the completed record as taken over: no ``lease_lost`` (neither
+    the ERROR line nor the metric), the retry replays, one order."""
+    path = tmp_path / "store.db"
+    server = demo_servers(f"sqlite:///{path}", lease=8.0, extra_args=("--framework", framework))
+    headers = {"Idempotency-Key": '"slow-renewal"'}
+    with httpx.Client(base_url=server.url, timeout=30) as client:
+        first = client.post("/orders?delay_after_ms=4000", json=ORDER, headers=headers)
+        assert first.status_code == 201, first.text
+        time.sleep(0.5)  # a renewal that was still queued would land by now
+        retry = client.post("/orders?delay_after_ms=4000", json=ORDER, headers=headers)
+        assert retry.status_code == 201 and retry.headers["idempotency-replayed"] == "true"
+        assert retry.json() == first.json()
+        assert client.get("/orders").json()["count"] == 1
+        if framework == "starlette":
+            metrics = client.get("/metrics")
+            assert metrics.status_code == 200
+            assert _lease_lost_count(metrics.text) == 0, metrics.text
+    assert "lease_lost" not in server.log_text(), server.log_text()

@@ -53,6 +53,7 @@ __all__ = [
     "SLEEP",
     "TX_CLOSE",
     "TX_COMPLETE",
+    "TX_LOCKED",
     "TX_ROLLBACK",
     "TX_STATE",
     "Action",
@@ -77,6 +78,7 @@ RENEW = "renew"  # None -> bool
 MARK_COMMITTED = "mark_committed"  # lease seconds -> bool
 BEGIN = "begin"  # None -> None: open (lazily) the operation's transaction
 TX_STATE = "tx_state"  # None -> (begun, broken)
+TX_LOCKED = "tx_locked"  # None -> bool: the transaction holds the store's single write lock
 TX_COMPLETE = "tx_complete"  # encoded outcome -> bool: write the record, commit both
 TX_ROLLBACK = "tx_rollback"  # None -> None
 TX_CLOSE = "tx_close"  # None -> None: give the connection back
@@ -225,6 +227,7 @@ class Operation(Generic[V]):
         "in_tx",
         "lease_lost",
         "record_id",
+        "settling",
         "token",
     )
 
@@ -240,6 +243,9 @@ class Operation(Generic[V]):
         self.in_tx = False
         #: A renewal found the lease taken over (reported then, not again at completion).
         self.lease_lost = False
+        #: The outcome is being stored or the key freed: from then on a renewal that finds the
+        #: record no longer in progress has met this operation's own settlement.
+        self.settling = False
         #: The runner's duration estimates (set by the runner), for the retry-after.
         self.estimates: Estimates | None = None
 
@@ -373,6 +379,7 @@ class Operation(Generic[V]):
             else:
                 yield from self._release()
             return
+        self.settling = True
         try:
             done = yield COMPLETE, data
         except StoreError as exc:
@@ -421,6 +428,7 @@ class Operation(Generic[V]):
             yield from self._close_transaction()
             yield from self.settle_data(data)
             return None
+        self.settling = True
         try:
             done = yield TX_COMPLETE, data
         except StoreError as exc:
@@ -493,13 +501,24 @@ class Operation(Generic[V]):
     # -- beside the work -------------------------------------------------------------------
 
     def renew(self) -> Generator[Action, Any, bool]:
-        """Extend the lease. Returns ``False`` when it was taken over (stop renewing)."""
+        """Extend the lease. Returns ``False`` when it was taken over or the operation has
+        settled (stop renewing)."""
+        if self.in_tx and (yield TX_LOCKED, None):
+            # The operation's own transaction holds the database's single write lock (SQLite):
+            # no other operation can take the key over before it commits (with the outcome) or
+            # rolls back, and a renewal, itself a write, would only queue behind it.
+            return True
         try:
             ok = yield RENEW, None
         except StoreError as exc:
             logger.warning("could not renew the lease of %s: %s", self.record_id[:12], exc)
             return True  # the store may come back before the lease ends
         if not ok:
+            if self.settling:
+                # The record is no longer in progress because this operation stored its
+                # outcome or freed the key while the renewal ran: not a loss. A real takeover
+                # fences the completion out, and the completion reports it.
+                return False
             self.lease_lost = True
             yield from self._emit("lease_lost", phase="renew")
         return bool(ok)
@@ -540,6 +559,7 @@ class Operation(Generic[V]):
             yield EMIT, (event, extra) if extra else event
 
     def _release(self) -> Steps:
+        self.settling = True
         try:
             yield RELEASE, None
         except StoreError as exc:
@@ -550,6 +570,7 @@ class Operation(Generic[V]):
         """The effects are committed but there is no outcome to store: keep the key, and let
         its lease lapse now, so retries get "outcome unknown" at once, never a second run."""
         yield from self._emit("outcome_unknown", phase="declared")
+        self.settling = True
         try:
             # mark_committed, not renew: it also lands if the work's own mark never did.
             yield MARK_COMMITTED, 0.0

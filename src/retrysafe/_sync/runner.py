@@ -37,6 +37,7 @@ from .._core.operation import (
     SLEEP,
     TX_CLOSE,
     TX_COMPLETE,
+    TX_LOCKED,
     TX_ROLLBACK,
     TX_STATE,
     Action,
@@ -175,6 +176,9 @@ class OperationRun(Generic[V]):
         if op is TX_STATE:
             tx = self.tx
             return (False, False) if tx is None else (tx.begun, tx.broken)
+        if op is TX_LOCKED:
+            # An optional attribute: SQL stores with a single writer (SQLite) have it.
+            return bool(getattr(self.tx, "holds_write_lock", False))
         if op is TX_COMPLETE:
             assert self.tx is not None
             return self.tx.complete(flow.record_id, token, arg, ttl=flow.config.ttl)

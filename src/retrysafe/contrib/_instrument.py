@@ -151,6 +151,11 @@ class InstrumentedTransaction:
         """See :attr:`retrysafe._core.transaction.AsyncTransaction.broken`."""
         return self.inner.broken
 
+    @property
+    def holds_write_lock(self) -> bool:
+        """Whether the wrapped transaction holds its database's single write lock (SQLite)."""
+        return bool(getattr(self.inner, "holds_write_lock", False))
+
     async def connection(self) -> Any:
         """Begin the transaction if needed (observed as ``begin``); return its connection."""
         if self.inner.begun:

@@ -15,6 +15,8 @@ from retrysafe._core.operation import (
     MARK_COMMITTED,
     RENEW,
     SLEEP,
+    TX_COMPLETE,
+    TX_LOCKED,
     TX_STATE,
 )
 
@@ -41,6 +43,38 @@ def test_a_lease_taken_over_stops_renewal_and_reports_it(events: bool) -> None:
     script: list[tuple[object, ...]] = [(RENEW, None, False)]
     script.append((EMIT, "lease_lost"))
     assert run(flow.renew(), script).value is False
+
+
+def test_no_renewal_is_written_while_the_own_transaction_holds_the_write_lock() -> None:
+    # SQLite: no one else can write the record until the transaction ends, and a renewal
+    # would queue behind it (then find the record completed).
+    flow = claimed(transactional=True)
+    assert run(flow.renew(), [(TX_LOCKED, None, True)]).value is True
+
+
+def test_a_transaction_that_holds_no_lock_renews_as_usual() -> None:
+    flow = claimed(transactional=True)
+    assert run(flow.renew(), [(TX_LOCKED, None, False), (RENEW, None, True)]).value is True
+
+
+@pytest.mark.parametrize("transactional", [False, True], ids=["plain", "transactional"])
+def test_a_renewal_that_meets_the_own_completion_stops_without_reporting_a_loss(
+    transactional: bool,
+) -> None:
+    flow = claimed(events=True, transactional=transactional)
+    settle = flow.settle_data(DATA) if not transactional else flow.settle_transaction(DATA)
+    # The settlement reaches its store call; the renewal runs while that call is under way.
+    action = next(settle)
+    if transactional:
+        assert action[0] == "finalize"
+        assert settle.send(None) == (TX_STATE, None)
+        assert settle.send((True, False)) == (TX_COMPLETE, DATA)
+        script: list[tuple[object, ...]] = [(TX_LOCKED, None, False), (RENEW, None, False)]
+    else:
+        assert action == (COMPLETE, DATA)
+        script = [(RENEW, None, False)]
+    assert run(flow.renew(), script).value is False
+    assert not flow.lease_lost
 
 
 # -- mark_committed ------------------------------------------------------------------------------

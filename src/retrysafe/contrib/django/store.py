@@ -251,6 +251,7 @@ class DjangoTransaction:
         self._store = store
         self._atomic: Any = None
         self._conn: Any = None  # the wrapper of the thread that entered the block
+        self._changes = -1  # SQLite: the connection's total_changes when the block began
 
     @property
     def begun(self) -> bool:
@@ -262,6 +263,21 @@ class DjangoTransaction:
         """Whether the connection closed (died) inside the block (read from any thread)."""
         return bool(self._atomic is not None and self._conn.closed_in_transaction)
 
+    @property
+    def holds_write_lock(self) -> bool:
+        """Whether the block holds SQLite's single write lock (read from any thread): it began
+        ``IMMEDIATE``, or the view has written in it. No other connection can then write the
+        request's record until the block ends, so its lease needs no renewal meanwhile (and a
+        renewal, a write, would queue behind it). Always ``False`` on other databases."""
+        conn = self._conn
+        if self._atomic is None or conn is None or conn.vendor != "sqlite":
+            return False
+        raw = conn.connection
+        if raw is None or not raw.in_transaction:
+            return False
+        mode = str(conn.settings_dict.get("OPTIONS", {}).get("transaction_mode") or "")
+        return mode.upper() in ("IMMEDIATE", "EXCLUSIVE") or raw.total_changes != self._changes
+
     def connection(self) -> Any:
         """Enter the atomic block if needed; returns Django's connection wrapper."""
         if self._atomic is None:
@@ -272,6 +288,9 @@ class DjangoTransaction:
                 raise _store_error("begin", exc) from exc
             self._atomic = atomic
             self._conn = connections[self._store.alias]
+            raw = self._conn.connection
+            if self._conn.vendor == "sqlite" and raw is not None:
+                self._changes = raw.total_changes
         return self._conn
 
     def _leave(self, *, commit: bool) -> None:
@@ -405,6 +424,11 @@ class AsyncDjangoTransaction:
     def broken(self) -> bool:
         """See :attr:`DjangoTransaction.broken`."""
         return self.sync.broken
+
+    @property
+    def holds_write_lock(self) -> bool:
+        """See :attr:`DjangoTransaction.holds_write_lock`."""
+        return self.sync.holds_write_lock
 
     async def connection(self) -> Any:
         """See :meth:`DjangoTransaction.connection`."""

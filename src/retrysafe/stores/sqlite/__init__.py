@@ -564,6 +564,14 @@ class _Transaction:
         """Always ``False``: a local file connection does not die under a running request."""
         return False
 
+    @property
+    def holds_write_lock(self) -> bool:
+        """Whether the transaction is open (``BEGIN IMMEDIATE``: it holds the write lock), so no
+        other connection can write the request's record until it ends: its lease needs no
+        renewal meanwhile (and a renewal, a write, would queue behind it)."""
+        conn = self._conn
+        return conn is not None and conn.in_transaction
+
     @staticmethod
     def _execute(conn: sqlite3.Connection, sql: str) -> None:
         try:
