@@ -1,16 +1,15 @@
 """The `retrysafe proxy` part of `make bench`: the sidecar against the backend it fronts.
 
 One backend (the bare endpoint of ``bench/apps.py`` under uvicorn, 1 worker), and in front of it,
-each in its own process: ``retrysafe proxy`` on memory, SQLite and Redis (its defaults, with
-``--log-level warning``: uvicorn's access log at the default ``info`` level costs the proxy
-about 58 us of CPU per request, a line per request), and nginx from Debian's package as a
-plain reverse proxy (keep-alive upstream, no access log): the reference for what forwarding
-itself costs. wrk (``-t1``) drives, per concurrency (1, 32 and 128), interleaved with the
-backend itself: ``direct X1 X2 direct X3 X4 ...
-direct``; each row's ratio is its req/s over the mean of the two direct runs around it. Rows:
-direct, nginx, the proxy with no key (pure forwarding), a new key per request on each store, and
-replays of one stored key on each store. Around each run the CPU time of the proxy (or nginx),
-the backend and the store server is read, so CPU per request stands next to req/s.
+each in its own process: ``retrysafe proxy`` on memory, SQLite and Redis (its defaults: no
+access log, which would cost the proxy about 58 us of CPU per request), and nginx from Debian's
+package as a plain reverse proxy (keep-alive upstream, no access log): the reference for what
+forwarding itself costs. wrk (``-t1``) drives, per concurrency (1, 32 and 128), interleaved with
+the backend itself: ``direct X1 X2 direct X3 X4 ... direct``; each row's ratio is its req/s
+over the mean of the two direct runs around it. Rows: direct, nginx, the proxy with no key
+(pure forwarding), a new key per request on each store, and replays of one stored key on each
+store. Around each run the CPU time of the proxy (or nginx), the backend and the store server is
+read, so CPU per request stands next to req/s.
 
 Nothing is pinned to a core here: three processes (load generator, proxy, backend) share the
 machine's cores, as they would on a host running a sidecar.
@@ -113,7 +112,6 @@ def start_proxy(spec: AppSpec, upstream: int) -> None:
     spec.port = run.free_port()
     cmd = [spec.python, "-m", "retrysafe", "proxy", "--listen", f"127.0.0.1:{spec.port}"]
     cmd += ["--upstream", f"http://127.0.0.1:{upstream}", "--store", spec.store]
-    cmd += ["--log-level", "warning"]
     env = dict(os.environ, PYTHONPATH=str(run.ROOT / "src"))
     spec.proc = subprocess.Popen(cmd, cwd=run.ROOT, env=env, stdin=subprocess.DEVNULL)
     run.wait_ready(spec, 30)
@@ -371,7 +369,7 @@ def markdown(report: dict[str, Any]) -> list[str]:
         "## retrysafe proxy (sidecar) in front of the bare endpoint",
         "",
         "The backend: the bare endpoint (uvicorn, 1 worker). Proxy: `retrysafe proxy` with its "
-        "defaults (1 worker) and `--log-level warning` (no access log), no core pinning (load "
+        "defaults (1 worker, no access log), no core pinning (load "
         "generator, proxy and backend share the cores). ratio = req/s over direct (the backend "
         "alone) measured around it; CPU = "
         "process CPU per request (utime+stime) of the proxy (or nginx), the backend and the "

@@ -167,6 +167,7 @@ def _proxy(args: argparse.Namespace) -> int:
         "host": host,
         "port": port,
         "log_level": settings.log_level,
+        "access_log": settings.access_log,
         "lifespan": "on",
         # Forwarded headers are the proxy's own business (--trust-forwarded), and the
         # upstream's Date and Server pass through instead of uvicorn's.
@@ -224,6 +225,7 @@ def _proxy_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "upstream_timeout": "seconds for each upstream read or write",
         "max_connections": "upstream connection pool size per worker",
         "log_level": "uvicorn log level",
+        "access_log": "uvicorn's access log, a line per request",
     }
     for name, coerce in OPTIONS.items():
         value = default(name)

@@ -439,3 +439,24 @@ def test_health_and_readiness_are_answered_by_the_proxy_itself(
 def test_proxy_logs_have_no_traceback(proxy: Proxy, trusting_proxy: Proxy) -> None:
     for server in (proxy, trusting_proxy):
         assert "Traceback" not in server.log_text(), server.log_text()
+
+
+@pytest.mark.parametrize("flag", [(), ("--access-log",)], ids=["default", "--access-log"])
+def test_the_access_log_is_off_unless_asked_for(
+    module_processes: Processes,
+    backend: Backend,
+    store_url: str,
+    client: httpx.Client,
+    flag: tuple[str, ...],
+) -> None:
+    """A line per request costs a busy proxy about half of what forwarding costs: off by
+    default, even at log level info (start-up and warnings still print)."""
+    logged = module_processes.proxy(backend.url, store_url, "--log-level", "info", *flag)
+    try:
+        marker = f"/orders?probe={new_key()}"
+        assert client.post(logged.url + marker, content=b"t").status_code == 201
+    finally:
+        logged.stop()
+    text = logged.log_text()
+    assert "Application startup complete" in text
+    assert (marker in text) is bool(flag), text

@@ -40,6 +40,7 @@ PROXY_OPTIONS: dict[str, Coerce] = {
     "listen": text,
     "workers": count,
     "log_level": choice(*_LOG_LEVELS),
+    "access_log": boolean,
     "on_ambiguous": choice("unknown", "release"),
     "principal_header": header_name,
     "trust_forwarded": boolean,
@@ -104,6 +105,8 @@ class ProxySettings:
         listen: ``HOST:PORT`` the proxy serves on.
         workers: uvicorn worker processes.
         log_level: uvicorn's log level.
+        access_log: uvicorn's access log, a line per request (off by default: at ``info``
+            it cost the proxy about 58 us of CPU per request, half of what forwarding costs).
         on_ambiguous: ``"unknown"``: a request sent without an answer is never forwarded again
             (409 outcome-unknown); ``"release"``: free the key (for idempotent upstreams).
         principal_header: the request header whose value scopes keys (a hash of it).
@@ -121,6 +124,7 @@ class ProxySettings:
     listen: str = "127.0.0.1:8080"
     workers: int = 1
     log_level: str = "info"
+    access_log: bool = False
     on_ambiguous: Literal["unknown", "release"] = "unknown"
     principal_header: str = "authorization"
     trust_forwarded: bool = False
