@@ -259,6 +259,16 @@ def test_tokens_name_their_owner_only_when_marked() -> None:
     assert token_owner("short-1") is None
 
 
+def test_only_another_process_s_owned_token_is_judged() -> None:
+    from retrysafe._core.records import lease_token, other_owner
+
+    other = "f" * 24 + "-1"  # another instance's owned token
+    assert other_owner(other) == "f" * 24
+    assert other_owner(lease_token(owned=True)) is None  # this process: never judged
+    assert other_owner(lease_token(owned=False)) is None  # a plain token: never judged
+    assert other_owner(None) is None
+
+
 def test_process_identity_tells_a_live_process_from_a_dead_or_reused_pid() -> None:
     from retrysafe.stores.sqlite._liveness import ProcessIdentity, is_dead, this_process
 

@@ -2,18 +2,27 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
 import retrysafe.asgi
 import retrysafe.wsgi
-from retrysafe.testing import Clock, assert_problem, assert_replayed, idempotency_disabled
+from retrysafe.testing import (
+    Clock,
+    asend_duplicates,
+    assert_problem,
+    assert_replayed,
+    idempotency_disabled,
+    send_duplicates,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -31,6 +40,17 @@ def test_clock_moves_only_forward() -> None:
     assert clock.advance(2.5) == 102.5 == clock()
     with pytest.raises(ValueError, match="forward"):
         clock.advance(-1)
+
+
+@pytest.mark.parametrize("sender", [send_duplicates, asend_duplicates], ids=["sync", "async"])
+def test_a_duplicate_sender_refuses_an_unknown_keyword(sender: Any) -> None:
+    async def app(scope: Any, receive: Any, send: Any) -> None:  # never reached
+        raise AssertionError
+
+    with pytest.raises(TypeError, match="unexpected keyword argument 'jsn'"):
+        result = sender(app, "POST", "/", jsn={})
+        if sender is asend_duplicates:
+            asyncio.run(result)
 
 
 def test_assert_replayed_names_what_differs() -> None:

@@ -18,8 +18,10 @@ __all__ = [
     "RecordState",
     "Reservation",
     "instance_id",
+    "lease_token",
     "new_owned_token",
     "new_token",
+    "other_owner",
     "token_owner",
 ]
 
@@ -70,6 +72,12 @@ def new_owned_token() -> str:
     return new_token.owned()
 
 
+def lease_token(owned: bool) -> str:
+    """A fresh token: :func:`new_owned_token` when ``owned`` (the store's liveness signal for
+    this process is up), else :func:`new_token`."""
+    return new_token.owned() if owned else new_token()
+
+
 def instance_id() -> str:
     """This process's instance id: random, renewed after ``fork``."""
     return new_token.prefix
@@ -80,6 +88,14 @@ def token_owner(token: str | None) -> str | None:
     if token is None or len(token) <= _INSTANCE_LENGTH or token[_INSTANCE_LENGTH] != _OWNER_MARK:
         return None
     return token[:_INSTANCE_LENGTH]
+
+
+def other_owner(token: str | None) -> str | None:
+    """The instance id of another process that ``token`` names, whose liveness a store may
+    check before taking its record over; ``None`` for a plain token, no token, or a token of
+    this process (never judged)."""
+    owner = token_owner(token)
+    return None if owner == new_token.prefix else owner
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,7 +30,7 @@ import sys
 import threading
 import uuid
 from collections.abc import Callable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 
 from .._core.config import DEFAULT_REPLAY_HEADER_DENYLIST
 from .._core.problems import PROBLEMS, PROXY_PROBLEMS
@@ -41,6 +41,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Clock",
+    "DuplicateRequests",
     "asend_duplicates",
     "assert_problem",
     "assert_replayed",
@@ -275,21 +276,42 @@ def _is_asgi(app: Any) -> bool:
     return callable(app) and inspect.iscoroutinefunction(type(app).__call__)
 
 
-def _request_kwargs(
-    key: str | None,
-    headers: Mapping[str, str] | None,
-    json_body: Any,
-    content: bytes | str | None,
-) -> dict[str, Any]:
-    sent = dict(headers or {})
+class DuplicateRequests(TypedDict, total=False):
+    """What :func:`send_duplicates` and :func:`asend_duplicates` send, each optional.
+
+    Attributes:
+        n: how many requests (default 10).
+        key: the ``Idempotency-Key`` value (quoted as an sf-string); default a new UUID, unless
+            ``headers`` carries one.
+        headers: more request headers.
+        json: a JSON body.
+        content: a raw body (when ``json`` is not given).
+        base_url: scheme and host the requests go to (default ``"http://testserver"``).
+    """
+
+    n: int
+    key: str | None
+    headers: Mapping[str, str] | None
+    json: Any
+    content: bytes | str | None
+    base_url: str
+
+
+def _prepared(sender: str, request: DuplicateRequests) -> tuple[int, str, dict[str, Any]]:
+    """``(n, base_url, keyword arguments of each httpx request)`` of a duplicate sender's
+    ``request``; an unknown keyword is the ``TypeError`` a plain signature would raise."""
+    unknown = request.keys() - DuplicateRequests.__optional_keys__
+    if unknown:
+        raise TypeError(f"{sender}() got an unexpected keyword argument {min(unknown)!r}")
+    sent = dict(request.get("headers") or {})
     if not any(name.lower() == "idempotency-key" for name in sent):
-        sent["Idempotency-Key"] = f'"{key or uuid.uuid4()}"'
+        sent["Idempotency-Key"] = f'"{request.get("key") or uuid.uuid4()}"'
     kwargs: dict[str, Any] = {"headers": sent}
-    if json_body is not None:
-        kwargs["json"] = json_body
-    elif content is not None:
-        kwargs["content"] = content
-    return kwargs
+    if request.get("json") is not None:
+        kwargs["json"] = request["json"]
+    elif request.get("content") is not None:
+        kwargs["content"] = request["content"]
+    return request.get("n", 10), request.get("base_url", "http://testserver"), kwargs
 
 
 def _httpx() -> Any:
@@ -301,16 +323,7 @@ def _httpx() -> Any:
 
 
 async def asend_duplicates(
-    app: Any,
-    method: str,
-    path: str,
-    *,
-    n: int = 10,
-    key: str | None = None,
-    headers: Mapping[str, str] | None = None,
-    json: Any = None,
-    content: bytes | str | None = None,
-    base_url: str = "http://testserver",
+    app: Any, method: str, path: str, **request: Unpack[DuplicateRequests]
 ) -> list[httpx.Response]:
     """Send ``n`` identical requests with one key to an ASGI app at once, from a running loop.
 
@@ -322,21 +335,16 @@ async def asend_duplicates(
         app: the ASGI app (FastAPI, Starlette, Litestar, Django's ASGI handler...).
         method: ``"POST"``, ``"PATCH"``...
         path: the path (and query), e.g. ``"/orders"``.
-        n: how many requests.
-        key: the ``Idempotency-Key`` value (quoted as an sf-string); default a new UUID, unless
-            ``headers`` carries one.
-        headers: more request headers.
-        json: a JSON body.
-        content: a raw body (when ``json`` is not given).
-        base_url: scheme and host the requests go to.
+        **request: what to send (:class:`DuplicateRequests`: ``n``, ``key``, ``headers``,
+            ``json``, ``content``, ``base_url``).
 
     Returns:
         The ``n`` responses, in the order the requests were made.
     """
     if not _is_asgi(app):
         raise TypeError("asend_duplicates takes an ASGI app; use send_duplicates for WSGI")
+    n, base_url, kwargs = _prepared("asend_duplicates", request)
     http = _httpx()
-    kwargs = _request_kwargs(key, headers, json, content)
     transport = http.ASGITransport(app=app)
     async with http.AsyncClient(transport=transport, base_url=base_url) as client:
         responses: list[httpx.Response] = await asyncio.gather(
@@ -350,13 +358,8 @@ def send_duplicates(
     method: str,
     path: str,
     *,
-    n: int = 10,
-    key: str | None = None,
-    headers: Mapping[str, str] | None = None,
-    json: Any = None,
-    content: bytes | str | None = None,
-    base_url: str = "http://testserver",
     timeout: float = 30.0,
+    **request: Unpack[DuplicateRequests],
 ) -> list[httpx.Response]:
     """Send ``n`` identical requests with one key to an ASGI or WSGI app at once.
 
@@ -368,14 +371,9 @@ def send_duplicates(
         app: the app; ASGI or WSGI is told from its ``__call__``.
         method: ``"POST"``, ``"PATCH"``...
         path: the path (and query), e.g. ``"/orders"``.
-        n: how many requests.
-        key: the ``Idempotency-Key`` value (quoted as an sf-string); default a new UUID, unless
-            ``headers`` carries one.
-        headers: more request headers.
-        json: a JSON body.
-        content: a raw body (when ``json`` is not given).
-        base_url: scheme and host the requests go to.
         timeout: seconds to wait for every WSGI response.
+        **request: what to send (:class:`DuplicateRequests`: ``n``, ``key``, ``headers``,
+            ``json``, ``content``, ``base_url``).
 
     Returns:
         The ``n`` responses, in the order the requests were made.
@@ -387,17 +385,12 @@ def send_duplicates(
         try:
             asyncio.get_running_loop()
         except RuntimeError:
-            return asyncio.run(
-                asend_duplicates(
-                    app, method, path, n=n, key=key, headers=headers, json=json,
-                    content=content, base_url=base_url,
-                )
-            )  # fmt: skip
+            return asyncio.run(asend_duplicates(app, method, path, **request))
         raise RuntimeError(
             "send_duplicates was called inside a running event loop: await asend_duplicates()"
         )
+    n, base_url, kwargs = _prepared("send_duplicates", request)
     http = _httpx()
-    kwargs = _request_kwargs(key, headers, json, content)
     start = threading.Barrier(n)
     results: list[Any] = [None] * n
 

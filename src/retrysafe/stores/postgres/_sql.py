@@ -23,14 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..._core.errors import ConfigurationError, StoreError, StoreUnavailableError
-from ..._core.records import (
-    Record,
-    Reservation,
-    instance_id,
-    new_owned_token,
-    new_token,
-    token_owner,
-)
+from ..._core.records import Record, Reservation, lease_token, other_owner
 from .._registry import parse_store_url
 from .._sql import load_queries
 from .._url import StoreURL, flag, non_negative, text, whole
@@ -388,7 +381,7 @@ def reserve_op(
         ttl: seconds of retention.
         owned: this process holds its owner lock, so its token may name it as owner.
     """
-    token = new_owned_token() if owned else new_token()
+    token = lease_token(owned)
     query = q.query(
         "reserve",
         id=record_id,
@@ -413,8 +406,8 @@ def reserve_op(
             return Reservation(token=token)
         record = _record(row, 1)
         holder = row[5] if len(row) > 5 else None
-        owner = token_owner(holder)
-        if record.state != "in_progress" or owner is None or owner == instance_id():
+        owner = other_owner(holder)
+        if record.state != "in_progress" or owner is None:
             return Reservation(record=record)
         taken = yield from _retry_once(
             q.query(

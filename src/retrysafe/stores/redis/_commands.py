@@ -14,14 +14,7 @@ from importlib import resources
 from typing import Any, Generic, NamedTuple, TypeVar
 
 from ..._core.errors import ConfigurationError, StoreError, StoreUnavailableError
-from ..._core.records import (
-    Record,
-    Reservation,
-    instance_id,
-    new_owned_token,
-    new_token,
-    token_owner,
-)
+from ..._core.records import Record, Reservation, lease_token, other_owner
 from .._base import StoreStats
 from .._registry import parse_store_url
 from .._url import StoreURL, non_negative, positive, text
@@ -306,7 +299,7 @@ class Commands:
         self, record_id: str, fingerprint: str, lease: float, ttl: float, owned: bool
     ) -> Call[tuple[Reservation, str | None]]:
         """The reserve-or-read script; its reply also names the holder of a record it met."""
-        token = new_owned_token() if owned else new_token()
+        token = lease_token(owned)
         args = (self.prefix + record_id, fingerprint, token, ms(min(lease, ttl)), ms(ttl))
         return Call(RESERVE, args, _parse_claim, token)
 
@@ -385,8 +378,8 @@ def conflict_op(
     reservation, holder = first
     for _ in range(_RESERVE_ATTEMPTS):
         record = reservation.record
-        owner = token_owner(holder)
-        if record is None or owner is None or owner == instance_id():
+        owner = other_owner(holder)
+        if record is None or owner is None:
             return reservation
         if (yield commands.owner_alive(owner)):
             return reservation

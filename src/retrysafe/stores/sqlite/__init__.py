@@ -34,9 +34,9 @@ from ..._core.records import (
     Record,
     Reservation,
     instance_id,
+    lease_token,
     new_owned_token,
-    new_token,
-    token_owner,
+    other_owner,
 )
 from .._base import StoreStats
 from .._inline import InlineAsyncStore
@@ -291,8 +291,7 @@ class SQLiteStore:
         if row is None:
             return False
         holder, host, pid, start = row
-        owner = token_owner(holder)
-        if owner is None or host is None or owner == instance_id():
+        if other_owner(holder) is None or host is None:
             return False
         return _liveness.is_dead(_liveness.ProcessIdentity(host, pid, start), here)
 
@@ -356,7 +355,7 @@ class SQLiteStore:
                 )
             self._here = here
             self._registered = instance
-        return new_owned_token() if self._here is not None else new_token()
+        return lease_token(self._here is not None)
 
     def _owner_check(
         self, record_id: str, fingerprint: str, record: Record, lease: float, ttl: float, now: float
@@ -371,8 +370,7 @@ class SQLiteStore:
         if row is None:
             return None
         holder, host, pid, start = row
-        owner = token_owner(holder)
-        if owner is None or host is None or owner == instance_id():
+        if other_owner(holder) is None or host is None:
             return Reservation(record=record)
         if not _liveness.is_dead(_liveness.ProcessIdentity(host, pid, start), self._here):
             return Reservation(record=record)
