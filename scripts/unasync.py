@@ -131,6 +131,36 @@ DEMO_HUB_RULES: Rules = [
     (r"\bopen_async_driver\b", "open_driver"),
     (r"\bAsyncOrderHub\b", "OrderHub"),
 ]
+#: The sync face of an instrumented store (metrics and spans on WSGI, Flask and Django).
+INSTRUMENT_RULES: Rules = [
+    (
+        r'^"""The async face of an instrumented store: wraps an async store',
+        '"""The sync face of an instrumented store: wraps a synchronous store',
+    ),
+    (
+        r"The sync face, ``_instrument_sync\.py``, is generated from this file by",
+        "This file is generated from ``_instrument_async.py`` by",
+    ),
+    (
+        r"\(``make lint`` checks it is up to date\): edit this file, then run the script\.",
+        "(``make lint`` checks it): edit that file, then run the script.",
+    ),
+    (
+        r"The synchronous face, for WSGI, Flask and Django \(the store resolvers ask for "
+        r"it\):\n(\s*)the same observer over the synchronous face",
+        r"The async face, for ASGI (the store resolvers ask for it): the same observer\n\1"
+        "over the async face",
+    ),
+    (r"has no synchronous face", "has no async face"),
+    (r"the async store to wrap", "the synchronous store to wrap"),
+    (r"Wrap an async store so that", "Wrap a synchronous store so that"),
+    (r"\b_instrument_sync import wrap\b", "_instrument_async import wrap"),
+    (r"\bas_sync\b", "as_async"),
+    (r"\bsync_face\b", "async_face"),
+    (r"\bInstrumented(Store|SQLStore|Transaction)\b", r"SyncInstrumented\1"),
+    (r"\bAsyncStore\b", "Store"),
+    (r"\bAsyncTransaction\b", "Transaction"),
+]
 TWINS = [
     Twin(
         "src/retrysafe/_core/drive.py",
@@ -266,6 +296,11 @@ TWINS = [
         CLIENT_TRANSPORT_RULES,
     ),
     Twin("src/retrysafe/demo/_async_hub.py", "src/retrysafe/demo/_sync_hub.py", DEMO_HUB_RULES),
+    Twin(
+        "src/retrysafe/contrib/_instrument_async.py",
+        "src/retrysafe/contrib/_instrument_sync.py",
+        INSTRUMENT_RULES,
+    ),
 ]
 
 HEADER = "# Generated from {source} by scripts/unasync.py: do not edit.\n"

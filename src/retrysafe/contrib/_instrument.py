@@ -1,10 +1,13 @@
 """A store that wraps another and observes each operation (latency metrics, trace spans).
 
 Shared by :mod:`retrysafe.contrib.prometheus` and :mod:`retrysafe.contrib.otel`; imports neither
-library. The wrapper implements :class:`~retrysafe.stores.AsyncStore` and, when the wrapped store
-is a SQL store with transactional mode, its ``begin`` too (the transaction's begin, commit and
-rollback are observed as ``begin``, ``commit`` and ``rollback``). Wrappers nest: a store wrapped
-for Prometheus can be wrapped again for OpenTelemetry.
+library. :func:`instrument` builds an instrumented store with two faces: the async one
+(``_instrument_async.py``, for ASGI) and the sync one (``_instrument_sync.py``, generated from it,
+for WSGI, Flask and Django). Each face gives the other when a middleware asks for it
+(``as_sync()`` / ``as_async()``, which :func:`~retrysafe.stores.resolve_store` and
+:func:`~retrysafe.stores.resolve_async_store` call), so the one store ``wire()`` returns suits
+every front; both faces report to the same observer. Wrappers nest: a store wrapped for
+Prometheus can be wrapped again for OpenTelemetry.
 """
 
 from __future__ import annotations
@@ -13,11 +16,22 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
 
-from .._core.records import Record, Reservation
-from .._core.transaction import AsyncTransaction
-from ..stores import AsyncStore, Store, resolve_async_store
+from .._core.errors import ConfigurationError
+from ..stores import AsyncStore, Store, resolve_async_store, resolve_store
+from ..stores._inline import InlineAsyncStore
+from ._instrument_async import InstrumentedStore
+from ._instrument_async import wrap as wrap_async
+from ._instrument_sync import wrap as wrap_sync
 
-__all__ = ["OUTCOMES", "InstrumentedStore", "Observe", "instrument", "store_kind"]
+__all__ = [
+    "OUTCOMES",
+    "InstrumentedStore",
+    "Observe",
+    "async_face",
+    "instrument",
+    "store_kind",
+    "sync_face",
+]
 
 #: ``on_event`` event -> the request's outcome (the metrics' ``outcome`` label, the span's
 #: ``idempotency.outcome``).
@@ -54,145 +68,77 @@ def store_kind(store: object) -> str:
     return kind if isinstance(kind, str) else type(store).__name__.lower()
 
 
-class InstrumentedStore:
-    """An :class:`~retrysafe.stores.AsyncStore` that observes every call of the one it wraps.
-
-    Use :func:`instrument` to build one (it adds ``begin`` only when the wrapped store has it).
+def sync_face(source: object, inner: AsyncStore) -> Store:
+    """The synchronous store under an instrumented async one (its ``as_sync()``).
 
     Args:
-        inner: the async store to wrap.
-        observe: ``observe(operation)`` returns the context manager around one call.
+        source: what the async face was built from (a URL or a store object).
+        inner: the async store it wraps.
+
+    Raises:
+        ConfigurationError: ``source`` is an async store object (say ``AsyncRedisStore(...)``):
+            it has no synchronous face; the message says to pass the URL instead.
     """
-
-    def __init__(self, inner: AsyncStore, observe: Observe) -> None:
-        self.inner = inner
-        self._observe = observe
-
-    def __getattr__(self, name: str) -> Any:
-        if name == "inner":  # not set yet (e.g. while copying): no recursion
-            raise AttributeError(name)
-        # Anything else (prefix, options, ensure_schema...) is the wrapped store's.
-        return getattr(self.inner, name)
-
-    async def reserve(
-        self, record_id: str, fingerprint: str, *, lease: float, ttl: float
-    ) -> Reservation:
-        """See :meth:`retrysafe.stores.AsyncStore.reserve`."""
-        with self._observe("reserve"):
-            return await self.inner.reserve(record_id, fingerprint, lease=lease, ttl=ttl)
-
-    async def renew(self, record_id: str, token: str, *, lease: float) -> bool:
-        """See :meth:`retrysafe.stores.AsyncStore.renew`."""
-        with self._observe("renew"):
-            return await self.inner.renew(record_id, token, lease=lease)
-
-    async def mark_committed(self, record_id: str, token: str, *, lease: float) -> bool:
-        """See :meth:`retrysafe.stores.AsyncStore.mark_committed`."""
-        with self._observe("mark_committed"):
-            return await self.inner.mark_committed(record_id, token, lease=lease)
-
-    async def complete(self, record_id: str, token: str, response: bytes, *, ttl: float) -> bool:
-        """See :meth:`retrysafe.stores.AsyncStore.complete`."""
-        with self._observe("complete"):
-            return await self.inner.complete(record_id, token, response, ttl=ttl)
-
-    async def release(self, record_id: str, token: str) -> bool:
-        """See :meth:`retrysafe.stores.AsyncStore.release`."""
-        with self._observe("release"):
-            return await self.inner.release(record_id, token)
-
-    async def delete(self, record_id: str) -> bool:
-        """See :meth:`retrysafe.stores.AsyncStore.delete`."""
-        with self._observe("delete"):
-            return await self.inner.delete(record_id)
-
-    async def get(self, record_id: str) -> Record | None:
-        """See :meth:`retrysafe.stores.AsyncStore.get`."""
-        with self._observe("get"):
-            return await self.inner.get(record_id)
-
-    async def purge_expired(self) -> int:
-        """See :meth:`retrysafe.stores.AsyncStore.purge_expired`."""
-        with self._observe("purge_expired"):
-            return await self.inner.purge_expired()
-
-    async def aclose(self) -> None:
-        """Close the wrapped store."""
-        await self.inner.aclose()
+    if isinstance(inner, InlineAsyncStore):  # memory, SQLite: the very same store
+        return inner.sync
+    try:
+        return resolve_store(source)  # type: ignore[arg-type]
+    except ConfigurationError as exc:
+        raise ConfigurationError(
+            f"the instrumented store wraps {type(source).__name__}, an async store object, "
+            "which WSGI, Flask and Django cannot use: give wire() (or instrument()) the store "
+            "URL or a synchronous store instead"
+        ) from exc
 
 
-class InstrumentedSQLStore(InstrumentedStore):
-    """An :class:`InstrumentedStore` over a SQL store: also ``begin`` (transactional mode)."""
-
-    def begin(self) -> AsyncTransaction:
-        """Open the wrapped store's transaction object, observed."""
-        return InstrumentedTransaction(self.inner.begin(), self._observe)  # type: ignore[attr-defined]
-
-
-class InstrumentedTransaction:
-    """A transaction whose begin (first :meth:`connection`), commit and rollback are observed.
+def async_face(source: object, inner: Store) -> AsyncStore:
+    """The async store under an instrumented synchronous one (its ``as_async()``).
 
     Args:
-        inner: the wrapped store's transaction.
-        observe: as for :class:`InstrumentedStore`.
+        source: what the sync face was built from (a URL or a store object).
+        inner: the synchronous store it wraps.
+
+    Raises:
+        ConfigurationError: ``source`` is a synchronous network store object (say
+            ``RedisStore(...)``): it has no async face; the message says to pass the URL.
     """
-
-    def __init__(self, inner: AsyncTransaction, observe: Observe) -> None:
-        self.inner = inner
-        self._observe = observe
-
-    @property
-    def begun(self) -> bool:
-        """See :attr:`retrysafe._core.transaction.AsyncTransaction.begun`."""
-        return self.inner.begun
-
-    @property
-    def broken(self) -> bool:
-        """See :attr:`retrysafe._core.transaction.AsyncTransaction.broken`."""
-        return self.inner.broken
-
-    @property
-    def holds_write_lock(self) -> bool:
-        """Whether the wrapped transaction holds its database's single write lock (SQLite)."""
-        return bool(getattr(self.inner, "holds_write_lock", False))
-
-    async def connection(self) -> Any:
-        """Begin the transaction if needed (observed as ``begin``); return its connection."""
-        if self.inner.begun:
-            return await self.inner.connection()
-        with self._observe("begin"):
-            return await self.inner.connection()
-
-    async def complete(self, record_id: str, token: str, response: bytes, *, ttl: float) -> bool:
-        """Write the completion record and commit (observed as ``commit``)."""
-        with self._observe("commit"):
-            return await self.inner.complete(record_id, token, response, ttl=ttl)
-
-    async def rollback(self) -> None:
-        """Roll back (observed as ``rollback``)."""
-        with self._observe("rollback"):
-            await self.inner.rollback()
-
-    async def close(self) -> None:
-        """Give the connection back."""
-        await self.inner.close()
+    try:
+        return resolve_async_store(source)  # type: ignore[arg-type]
+    except ConfigurationError as exc:
+        raise ConfigurationError(
+            f"the instrumented store wraps {type(inner).__name__}, a synchronous store object, "
+            "which the ASGI middleware cannot use: give wire() (or instrument()) the store URL "
+            "or an async store instead"
+        ) from exc
 
 
-def instrument(store: str | AsyncStore | Store, observe: Observe) -> InstrumentedStore:
-    """Wrap a store (URL, async or local sync store) so that ``observe`` sees every operation.
+def _sync_only(store: object) -> bool:
+    """A synchronous store object with no async face (sync Redis, PostgreSQL)."""
+    return (
+        isinstance(store, Store)
+        and not hasattr(store, "aclose")
+        and not callable(getattr(store, "as_async", None))
+        and not getattr(store, "inline_safe", False)
+    )
+
+
+def instrument(store: str | AsyncStore | Store, observe: Observe) -> Any:
+    """Wrap a store (URL, async or sync store) so that ``observe`` sees every operation.
 
     Args:
-        store: what :class:`~retrysafe.asgi.IdempotencyMiddleware` accepts as ``store``.
+        store: what a middleware accepts as ``store``.
         observe: ``observe(operation)`` returns the context manager around one call; it sees
             the exception of a failed call in ``__exit__``.
 
     Returns:
-        The wrapping store; it has ``begin`` exactly when the wrapped store has it.
+        The async face (:class:`InstrumentedStore`), or the sync face when ``store`` is a
+        synchronous store object that has no async face (sync Redis or PostgreSQL). Either
+        gives the other when a middleware asks; each has ``begin`` exactly when the wrapped
+        store has it.
 
     Raises:
         ConfigurationError: ``store`` is not a store or store URL.
     """
-    inner = resolve_async_store(store)
-    if callable(getattr(inner, "begin", None)):
-        return InstrumentedSQLStore(inner, observe)
-    return InstrumentedStore(inner, observe)
+    if _sync_only(store):
+        return wrap_sync(resolve_store(store), observe, store)  # type: ignore[arg-type]
+    return wrap_async(resolve_async_store(store), observe, store)

@@ -83,7 +83,8 @@ class OpenTelemetryTracing:
             label: the ``db.system.name`` attribute (default: the backend, e.g. ``redis``).
 
         Returns:
-            An :class:`~retrysafe.stores.AsyncStore` to give the middleware.
+            The instrumented store, for any middleware: ASGI, WSGI, Flask, Django (each
+            asks it for its face).
         """
         tracer = self.tracer
         instrumented: InstrumentedStore | None = None
@@ -154,6 +155,8 @@ class OpenTelemetryTracing:
         """The middleware options that turn both on: ``store`` (traced) and ``on_event``.
 
         Returns:
-            ``{"store": ..., "on_event": ...}``, for ``IdempotencyMiddleware(app, **options)``.
+            ``{"store": ..., "on_event": ...}``, for ``IdempotencyMiddleware(app, **options)``
+            (ASGI or WSGI), ``Idempotency(app, **options)`` (Flask) or
+            ``RETRYSAFE = {**options}`` (Django's settings).
         """
         return {"store": self.instrument(store, label=label), "on_event": self.on_event}

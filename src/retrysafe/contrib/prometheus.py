@@ -201,7 +201,8 @@ class PrometheusMetrics:
             label: the ``store`` label (default: the backend, e.g. ``redis``).
 
         Returns:
-            An :class:`~retrysafe.stores.AsyncStore` to give the middleware.
+            The instrumented store, for any middleware: ASGI, WSGI, Flask, Django (each
+            asks it for its face; both faces count into the same metrics).
         """
         timers: dict[str, tuple[Callable[[float], None], Callable[[], None]]] = {}
         self._action_caches.append(timers)
@@ -368,7 +369,9 @@ class PrometheusMetrics:
             label: the ``store`` label (default: the backend, e.g. ``redis``).
 
         Returns:
-            ``{"store": ..., "on_event": ...}``, for ``IdempotencyMiddleware(app, **options)``.
+            ``{"store": ..., "on_event": ...}``, for ``IdempotencyMiddleware(app, **options)``
+            (ASGI or WSGI), ``Idempotency(app, **options)`` (Flask) or
+            ``RETRYSAFE = {**options}`` (Django's settings).
         """
         instrumented = self.instrument(store, label=label)
         name = label or store_kind(instrumented)

@@ -240,13 +240,20 @@ def resolve_async_store(store: str | AsyncStore | Store) -> AsyncStore:
 
 
 def resolve_store(store: str | Store) -> Store:
-    """Accept a URL or a synchronous store.
+    """Accept a URL, a synchronous store, or a store that names its synchronous face.
+
+    An object with an ``as_sync()`` method (an instrumented async store: metrics, spans) gets
+    the face it names, as :func:`resolve_async_store` asks for ``as_async()``.
 
     Raises:
         ConfigurationError: the object is not a synchronous store.
     """
     if isinstance(store, str):
         return store_from_url(store)
+    as_sync = getattr(store, "as_sync", None)
+    if callable(as_sync):
+        face: Store = as_sync()
+        return face
     if isinstance(store, Store) and not hasattr(store, "aclose"):
         return store
     raise ConfigurationError(f"not a synchronous store or store URL: {store!r}")
