@@ -232,3 +232,21 @@ def test_a_sync_network_store_object_is_wired_for_wsgi_and_refused_by_asgi_by_na
     message = str(raised.value)
     assert "RedisStore, a synchronous store object" in message
     assert "the store URL or an async store" in message
+
+
+def test_prometheus_and_otel_wrappers_nest_on_wsgi(tmp_path: Any) -> None:
+    m = Metrics()
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracing = OpenTelemetryTracing(tracer_provider=provider)
+    store = tracing.instrument(m.metrics.instrument(f"sqlite:///{tmp_path}/n.db"))
+    app = IdempotencyMiddleware(_created, store=store)
+    assert callable(getattr(app.store, "begin", None))  # a SQL store through both wrappers
+    assert Client(app).post("/x", data=b"{}", headers=key("n1")).status_code == 201
+    names = sorted(s.name for s in exporter.get_finished_spans())
+    assert names == ["retrysafe.complete", "retrysafe.reserve"]
+    seconds = "retrysafe_store_operation_seconds_count"
+    assert m.value(seconds, operation="reserve", store="sqlite") == 1
+    assert m.value(seconds, operation="complete", store="sqlite") == 1
+    app.store.close()
