@@ -100,7 +100,7 @@ def test_wsgi_middleware_counts_requests_and_times_the_store(
     assert m.value(requests, outcome="replayed", route="unmatched", store=label) == 1
 
 
-def test_flask_extension_counts_requests_and_times_the_store(
+def test_flask_extension_counts_by_view_rule_and_times_the_store(
     store_url: tuple[str, str], closing: Callable[[Any], Any]
 ) -> None:
     url, label = store_url
@@ -116,7 +116,7 @@ def test_flask_extension_counts_requests_and_times_the_store(
     seconds = "retrysafe_store_operation_seconds_count"
     assert m.value(seconds, operation="reserve", store=label) == 3
     assert m.value(seconds, operation="complete", store=label) == 1
-    route = "unmatched"  # the WSGI middleware's events carry no route template (yet)
+    route = "/orders/<int:order_id>"  # the view's rule, never the path
     for outcome in ("executed", "replayed", "mismatch", "missing_key"):
         labels = {"outcome": outcome, "route": route, "store": label}
         assert m.value("retrysafe_requests_total", **labels) == 1, outcome
@@ -167,6 +167,7 @@ def test_flask_and_wsgi_store_operations_are_spans(
     assert flask_reserve.parent.span_id == request_span.get_span_context().span_id
     attributes = dict(next(s for s in spans if s.name == "POST /orders/3").attributes or {})
     assert attributes["idempotency.outcome"] == "executed"
+    assert attributes["idempotency.route"] == "/orders/<int:order_id>"
 
 
 def test_one_wired_store_serves_asgi_and_wsgi_into_the_same_metrics(tmp_path: Any) -> None:
