@@ -12,6 +12,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client import CollectorRegistry
 
+from retrysafe.contrib.django.checks import check_settings
 from retrysafe.contrib.otel import OpenTelemetryTracing
 from retrysafe.contrib.prometheus import PrometheusMetrics
 
@@ -32,6 +33,7 @@ def test_settings_wired_metrics_count_requests_and_time_the_store(
     wired = metrics.wire(store)
     label = store.partition(":")[0]  # the backend: sqlite, redis, django
     settings.RETRYSAFE = {**wired, "TRANSACTIONAL": False}
+    assert [e.id for e in check_settings() if e.id.startswith("retrysafe.E")] == []
     api = Api(client_kind)
     assert api.post("/orders/5", key="m1").status_code == 201
     replay = api.post("/orders/5", key="m1")
