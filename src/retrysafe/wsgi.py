@@ -33,6 +33,10 @@ __all__ = ["IdempotencyMiddleware", "mark_committed", "request_from_environ", "t
 
 logger = logging.getLogger("retrysafe")
 
+#: Where a framework integration puts the route template it matched (Flask's
+#: ``/orders/<int:order_id>``), for the events' ``route`` (metrics, spans, logs).
+ROUTE_KEY = "retrysafe.route"
+
 ExcInfo = tuple[type[BaseException], BaseException, TracebackType | None]
 StartResponse = Callable[..., Callable[[bytes], Any]]
 WSGIApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]
@@ -54,8 +58,14 @@ def request_from_environ(environ: Mapping[str, Any]) -> Request:
         environ.get("REMOTE_USER") or None,
         None,
         source=environ,
+        find_route=_environ_route,
         find_headers=environ_headers,
     )
+
+
+def _environ_route(environ: Mapping[str, Any]) -> str | None:
+    route = environ.get(ROUTE_KEY)
+    return route if isinstance(route, str) else None
 
 
 def environ_headers(environ: Mapping[str, Any]) -> list[tuple[bytes, bytes]]:

@@ -81,14 +81,9 @@ def sync_face(source: object, inner: AsyncStore) -> Store:
     """
     if isinstance(inner, InlineAsyncStore):  # memory, SQLite: the very same store
         return inner.sync
-    try:
-        return resolve_store(source)  # type: ignore[arg-type]
-    except ConfigurationError as exc:
-        raise ConfigurationError(
-            f"the instrumented store wraps {type(source).__name__}, an async store object, "
-            "which WSGI, Flask and Django cannot use: give wire() (or instrument()) the store "
-            "URL or a synchronous store instead"
-        ) from exc
+    unfit = f"{type(source).__name__}, an async store object, which WSGI, Flask and Django"
+    face: Store = _face(resolve_store, source, unfit, "a synchronous store")
+    return face
 
 
 def async_face(source: object, inner: Store) -> AsyncStore:
@@ -102,13 +97,19 @@ def async_face(source: object, inner: Store) -> AsyncStore:
         ConfigurationError: ``source`` is a synchronous network store object (say
             ``RedisStore(...)``): it has no async face; the message says to pass the URL.
     """
+    unfit = f"{type(inner).__name__}, a synchronous store object, which the ASGI middleware"
+    face: AsyncStore = _face(resolve_async_store, source, unfit, "an async store")
+    return face
+
+
+def _face(resolve: Callable[[Any], Any], source: object, unfit: str, instead: str) -> Any:
+    """``resolve(source)``; its error says what to give ``wire()`` instead."""
     try:
-        return resolve_async_store(source)  # type: ignore[arg-type]
+        return resolve(source)
     except ConfigurationError as exc:
         raise ConfigurationError(
-            f"the instrumented store wraps {type(inner).__name__}, a synchronous store object, "
-            "which the ASGI middleware cannot use: give wire() (or instrument()) the store URL "
-            "or an async store instead"
+            f"the instrumented store wraps {unfit} cannot use: give wire() (or instrument()) "
+            f"the store URL or {instead} instead"
         ) from exc
 
 

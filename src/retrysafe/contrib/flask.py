@@ -185,7 +185,7 @@ class Idempotency:
 def _view_options(app: Flask) -> Callable[[dict[str, Any]], RouteOptions | None]:
     """The middleware's ``route_options`` hook: Flask's URL map names the view a request goes
     to; its ``@idempotent`` mark (on the function, or a ``MethodView``'s class or method) gives
-    the settings."""
+    the settings, and its rule (``/orders/<int:order_id>``) the events' route."""
 
     def lookup(environ: dict[str, Any]) -> RouteOptions | None:
         try:
@@ -193,10 +193,11 @@ def _view_options(app: Flask) -> Callable[[dict[str, Any]], RouteOptions | None]
             adapter = app.create_url_adapter(app.request_class(environ, populate_request=False))
             if adapter is None:
                 return None
-            endpoint, _ = adapter.match()
+            rule, _ = adapter.match(return_rule=True)
         except HTTPException:  # 404, 405, a redirect: the app-wide settings apply
             return None
-        view = app.view_functions.get(str(endpoint))
+        environ[_wsgi.ROUTE_KEY] = rule.rule  # the events' route: metrics, spans, logs
+        view = app.view_functions.get(str(rule.endpoint))
         options = route_options(view)
         if options is None:
             view_class = getattr(view, "view_class", None)

@@ -8,6 +8,10 @@
     tracing = OpenTelemetryTracing()        # the global tracer provider, or tracer_provider=
     app = IdempotencyMiddleware(app, **tracing.wire("postgresql://app@db/shop"))
 
+The same ``wire(...)`` serves Flask (``Idempotency(app, **tracing.wire(url))``), Django
+(``RETRYSAFE = {**tracing.wire("django")}``) and the WSGI middleware: each front takes the
+store's face it needs (async for ASGI, synchronous for the others).
+
 What it records:
 
 - a span per store operation, ``retrysafe.<operation>`` (``retrysafe.reserve``,

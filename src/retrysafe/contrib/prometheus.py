@@ -8,6 +8,10 @@
     metrics = PrometheusMetrics()           # once per process (it registers the metrics)
     app = IdempotencyMiddleware(app, **metrics.wire("redis://127.0.0.1:6379/0"))
 
+The same ``wire(...)`` serves Flask (``Idempotency(app, **metrics.wire(url))``), Django
+(``RETRYSAFE = {**metrics.wire("django")}``) and the WSGI middleware: each front takes the
+store's face it needs (async for ASGI, synchronous for the others).
+
 ``wire`` returns the ``store`` (wrapped, so each operation's latency is observed) and the
 ``on_event`` hook, labelled alike. Exported (names in :data:`METRIC_NAMES`):
 
