@@ -72,7 +72,9 @@ def test_an_authenticated_user_is_the_principal(user: Any, principal: str) -> No
 
 
 @pytest.mark.parametrize(
-    "user", [None, "", User(authenticated=False, pk=1), User(), object()], ids=str
+    "user",
+    [None, "", User(authenticated=False, pk=1), User(), object()],
+    ids=["none", "empty", "unauthenticated", "no-identity", "object"],
 )
 def test_no_authenticated_user_falls_back_to_the_authorization_header(user: Any) -> None:
     request = make_request(user=user, authorization=b"Bearer abc")
