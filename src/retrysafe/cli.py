@@ -20,6 +20,7 @@ from ._core.config import IdempotencyConfig
 from ._core.errors import ConfigurationError, IdempotencyError
 from ._core.keys import parse_key, record_id
 from ._core.options import ConfigSource, boolean, read_options, seconds, suggestion
+from ._core.request import path_as_sent
 from ._core.scope import authorization_scope
 from .stores import Store, store_from_url
 
@@ -107,7 +108,9 @@ def _scope_args(parser: argparse.ArgumentParser) -> None:
 
 def _target_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_mutually_exclusive_group(required=True)
-    group.add_argument("--path", help="the route path the request's key was used on")
+    group.add_argument(
+        "--path", help="the path the request's key was used on, as sent (/caf%%C3%%A9, /a%%2Fb)"
+    )
     group.add_argument(
         "--function", help="the name an idempotent function's keys are scoped by (its qualname)"
     )
@@ -278,7 +281,7 @@ def _record_id(args: argparse.Namespace) -> str:
 
         return call_record_id(args.function, args.key)
     key = parse_key([args.key.encode("utf-8", "surrogateescape")])
-    return record_id(_scope_of(args), args.method.upper(), args.path, key)
+    return record_id(_scope_of(args), args.method.upper(), path_as_sent(args.path), key)
 
 
 def _inspect(args: argparse.Namespace) -> int:

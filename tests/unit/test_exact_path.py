@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from retrysafe._core.request import exact_path, path_of_bytes
+from retrysafe._core.request import exact_path, path_as_sent, path_of_bytes
 from retrysafe.wsgi import request_from_environ
 
 
@@ -40,3 +40,10 @@ def test_a_literal_percent_never_meets_an_escape() -> None:
     # /x%25FF (a literal "%FF") and /x%FF (the byte 0xFF) are two paths on every front.
     assert path_of_bytes(b"/x%FF") != path_of_bytes(b"/x\xff")
     assert exact_path("/x%FF", b"/x%25FF") != exact_path("/x\ufffd", b"/x%FF")
+
+
+def test_the_operator_tools_find_a_path_as_the_client_sent_it() -> None:
+    sent = exact_path("/caf\u00e9", b"/caf%C3%A9")
+    assert path_as_sent("/caf%C3%A9") == path_as_sent("/caf\u00e9") == sent
+    assert path_as_sent("/a%2Fb") == exact_path("/a/b", b"/a%2Fb")
+    assert path_as_sent("/orders") == "/orders"

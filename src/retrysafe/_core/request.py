@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 from urllib.parse import quote_from_bytes, unquote_to_bytes
 
-__all__ = ["Request", "content_length", "exact_path", "path_of_bytes"]
+__all__ = ["Request", "content_length", "exact_path", "path_as_sent", "path_of_bytes"]
 
 #: RFC 3986 ``pchar`` and ``/``, minus ``%``: what :func:`exact_path` leaves as it is.
 _PATH_SAFE = "/!$&'()*+,;=:@"
@@ -157,6 +157,15 @@ def exact_path(decoded: str, raw: bytes | None = None) -> str:
     if decoded.isascii() and "%" not in decoded:
         return decoded
     return path_of_bytes(decoded.encode("utf-8", "surrogatepass"))
+
+
+def path_as_sent(path: str) -> str:
+    """The record's path of a path written as a client sends it (``/caf%C3%A9``, ``/a%2Fb``;
+    ``/café`` is taken as its UTF-8 bytes): what ``retrysafe inspect --path`` looks up."""
+    if path.isascii() and "%" not in path:
+        return path
+    raw = quote_from_bytes(path.encode("utf-8", "surrogatepass"), safe=_PATH_SAFE + "%")
+    return exact_path(unquote_to_bytes(raw).decode("utf-8", "replace"), raw.encode("ascii"))
 
 
 def path_of_bytes(data: bytes) -> str:
