@@ -75,7 +75,9 @@ def _names_reordered(shape: Shape, order: list[str]) -> Shape:
 
 
 @st.composite
-def pairs(draw: st.DrawFn, *, byte_paths: bool = True) -> tuple[Shape, Shape, bool, str]:
+def pairs(
+    draw: st.DrawFn, *, byte_paths: bool = True, raw_paths: bool = False
+) -> tuple[Shape, Shape, bool, str]:
     """A first request, a second made from it by one change, whether the application treats
     them as one request, and the change's name.
 
@@ -83,10 +85,14 @@ def pairs(draw: st.DrawFn, *, byte_paths: bool = True) -> tuple[Shape, Shape, bo
         draw: hypothesis' draw.
         byte_paths: also change a path byte that is not UTF-8 (``%FF`` vs ``%FE``), for the
             fronts whose application receives the bytes.
+        raw_paths: also send ``a%2Fb`` against ``a/b``, for the fronts whose application
+            receives the raw path (ASGI's ``raw_path``, the proxy's upstream).
     """
     shape = draw(_shapes())
     changes = ["names", "values", "value", "path", "principal", "case", "body"]
-    change = draw(st.sampled_from([*changes, "byte"] if byte_paths else changes))
+    changes += ["byte"] if byte_paths else []
+    changes += ["slash"] if raw_paths else []
+    change = draw(st.sampled_from(changes))
     if change == "names":
         names = sorted({name for name, _ in shape.query})
         return shape, _names_reordered(shape, draw(st.permutations(names))), True, change
@@ -115,6 +121,10 @@ def pairs(draw: st.DrawFn, *, byte_paths: bool = True) -> tuple[Shape, Shape, bo
     if change == "body":
         body = draw(st.binary(max_size=32).filter(lambda b: b != shape.body))
         return shape, replace(shape, body=body), False, change
+    if change == "slash":
+        left, right = draw(_SEGMENT), draw(_SEGMENT)
+        first = replace(shape, segments=(*shape.segments, f"{left}%2F{right}"))
+        return first, replace(shape, segments=(*shape.segments, left, right)), False, change
     one, other = draw(st.lists(st.integers(0x80, 0xFF), min_size=2, max_size=2, unique=True))
     first = replace(shape, segments=(*shape.segments, f"x%{one:02X}"))
     return first, replace(shape, segments=(*shape.segments, f"x%{other:02X}")), False, change
