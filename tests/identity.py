@@ -13,12 +13,17 @@ credential, body, or a path byte that is not UTF-8) is another request.
 from __future__ import annotations
 
 import string
+import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from urllib.parse import urlencode
 
 from hypothesis import strategies as st
 
-__all__ = ["Shape", "pairs"]
+__all__ = ["Send", "Shape", "check_pair", "pairs"]
+
+#: Sends one request under a key: ``(status, replayed, body)``.
+Send = Callable[["Shape", str], tuple[int, bool, bytes]]
 
 _SEGMENT = st.text(string.ascii_letters + string.digits + "-._~", min_size=1, max_size=8)
 #: Names no test app reads as a knob (status, hold, sleep, fail, size, h, mark, delay_ms...).
@@ -128,3 +133,18 @@ def pairs(
     one, other = draw(st.lists(st.integers(0x80, 0xFF), min_size=2, max_size=2, unique=True))
     first = replace(shape, segments=(*shape.segments, f"x%{one:02X}"))
     return first, replace(shape, segments=(*shape.segments, f"x%{other:02X}")), False, change
+
+
+def check_pair(send: Send, case: tuple[Shape, Shape, bool, str]) -> None:
+    """Send the two requests of ``case`` under one new key: the second is a replay of the first
+    exactly when the application treats them as one request (else it runs, or is a ``422``)."""
+    first, second, same, change = case
+    key = str(uuid.uuid4())
+    status, replayed, body = send(first, key)
+    assert (status, replayed) == (201, False), (first, status)
+    status, replayed, again = send(second, key)
+    if same:
+        assert replayed and again == body, (change, first.target, second.target)
+    else:
+        assert not replayed, (change, first, second)
+        assert status in (201, 422), (change, status)
