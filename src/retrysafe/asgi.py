@@ -21,7 +21,7 @@ from ._async.runner import AsyncExchange, AsyncRunner
 from ._body import BodyRefused, read_asgi_body
 from ._core.config import IdempotencyConfig, front_config, front_store
 from ._core.http import EXECUTE, RUN_UNPROTECTED, Answer, Capture, Flow, admit, notify, too_large
-from ._core.request import Request, content_length
+from ._core.request import Request, content_length, exact_path
 from ._core.transaction import CONTEXT_SCOPE_KEY
 from .stores import AsyncStore, Store, resolve_async_store
 
@@ -48,7 +48,8 @@ def request_from_scope(scope: Scope, find_route: Callable[[Any], Any] = route_te
     """Build the neutral request from an ASGI HTTP scope, in one pass over its headers."""
     headers = scope["headers"]
     keys: list[bytes] = []
-    length = content_type = authorization = b""
+    length = content_type = b""
+    authorization: bytes | None = None
     for name, value in headers:
         if name == b"idempotency-key":
             keys.append(value)
@@ -57,11 +58,17 @@ def request_from_scope(scope: Scope, find_route: Callable[[Any], Any] = route_te
         elif name == b"content-type":
             content_type = value
         elif name == b"authorization":
-            authorization = value
+            # Repeated fields: all of them, as a WSGI server joins them (a framework may read
+            # the first); a line feed cannot occur in a field value, so the join is exact.
+            authorization = value if authorization is None else authorization + b"\n" + value
     method, path, query = scope["method"], scope["path"], scope.get("query_string", b"")
+    raw_path = scope.get("raw_path") or b""
+    exact = path
+    if not (raw_path.isascii() and b"%" not in raw_path and path.isascii() and "%" not in path):
+        exact = exact_path(path, raw_path)  # a%2Fb is not a/b, %FF is not %FE
     return Request(
-        method, path, query, keys, content_length(length), content_type, authorization,
-        scope.get("user"), headers, source=scope, find_route=find_route,
+        method, path, query, keys, content_length(length), content_type, authorization or b"",
+        scope.get("user"), headers, source=scope, find_route=find_route, exact_path=exact,
     )  # fmt: skip
 
 

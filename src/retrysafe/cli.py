@@ -107,7 +107,9 @@ def _scope_args(parser: argparse.ArgumentParser) -> None:
 
 def _target_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_mutually_exclusive_group(required=True)
-    group.add_argument("--path", help="the route path the request's key was used on")
+    group.add_argument(
+        "--path", help="the path the request's key was used on, as sent (/caf%%C3%%A9, /a%%2Fb)"
+    )
     group.add_argument(
         "--function", help="the name an idempotent function's keys are scoped by (its qualname)"
     )

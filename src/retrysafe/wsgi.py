@@ -23,7 +23,7 @@ from typing import Any
 from ._body import BodyRefused, read_wsgi_body
 from ._core.config import IdempotencyConfig, RouteOptions, front_config, front_store
 from ._core.http import EXECUTE, RUN_UNPROTECTED, Answer, Capture, Flow, admit, notify
-from ._core.request import Request, content_length
+from ._core.request import Request, content_length, exact_path, path_of_bytes
 from ._core.routes import route_config
 from ._core.transaction import CONTEXT_SCOPE_KEY, context_transaction
 from ._sync.runner import Exchange, Runner
@@ -46,9 +46,13 @@ def request_from_environ(environ: Mapping[str, Any]) -> Request:
     """Build the neutral request from a WSGI environ (its header list is built on first use)."""
     key = environ.get("HTTP_IDEMPOTENCY_KEY")
     length = environ.get("CONTENT_LENGTH", "")
+    raw = environ.get("PATH_INFO", "") or "/"
+    path = exact = raw
+    if not (raw.isascii() and "%" not in raw):
+        path, exact = _paths(raw)
     return Request(
         environ.get("REQUEST_METHOD", "GET"),
-        _path(environ.get("PATH_INFO", "") or "/"),
+        path,
         environ.get("QUERY_STRING", "").encode("latin-1"),
         # WSGI joins repeated header fields with commas: the key parser rejects those.
         [] if key is None else [key.encode("latin-1")],
@@ -60,6 +64,7 @@ def request_from_environ(environ: Mapping[str, Any]) -> Request:
         source=environ,
         find_route=_environ_route,
         find_headers=environ_headers,
+        exact_path=exact,
     )
 
 
@@ -82,12 +87,15 @@ def environ_headers(environ: Mapping[str, Any]) -> list[tuple[bytes, bytes]]:
     return headers
 
 
-def _path(raw: str) -> str:
-    # PEP 3333 carries the path as latin-1 text of its bytes; ASGI as UTF-8: decode the same.
+def _paths(raw: str) -> tuple[str, str]:
+    # PEP 3333 carries the path as latin-1 text of its bytes; ASGI as UTF-8: decode the same for
+    # the request's path. The app sees the bytes, so the record keeps each of them (decoded as
+    # UTF-8, every invalid byte would be one U+FFFD).
     try:
-        return raw.encode("latin-1").decode("utf-8", "replace")
+        data = raw.encode("latin-1")
     except UnicodeEncodeError:  # already decoded text (a framework's environ, e.g. Django's META)
-        return raw
+        return raw, exact_path(raw)
+    return data.decode("utf-8", "replace"), path_of_bytes(data)
 
 
 class IdempotencyMiddleware:

@@ -39,10 +39,30 @@ _ONE_VALUE_PER_NAME = (
     "(Django joins them with ', ', and so does the middleware's replay), so repeated fields "
     "cannot be told apart from one field on this shell"
 )
+_ONE_PATH_NOT_UTF8 = (
+    "the app receives one path for both: {}, decoded as UTF-8 with U+FFFD for each invalid byte"
+)
+_ONE_PATH_SLASH = (
+    "the app receives one path for both: {} decoded %2F into / (only an ASGI app sees raw_path)"
+)
 #: Contract tests a shell cannot express, with the reason: (shell, test name) -> reason.
 CANNOT_EXPRESS = {
     ("django", "test_repeated_header_fields_are_all_replayed_in_order"): _ONE_VALUE_PER_NAME,
     ("django-async", "test_repeated_header_fields_are_all_replayed_in_order"): _ONE_VALUE_PER_NAME,
+    ("flask", "test_paths_that_differ_in_bytes_that_are_not_utf8_are_two_records"): (
+        _ONE_PATH_NOT_UTF8.format("Werkzeug's test client builds PATH_INFO")
+    ),
+    ("django-async", "test_paths_that_differ_in_bytes_that_are_not_utf8_are_two_records"): (
+        _ONE_PATH_NOT_UTF8.format("Django's ASGI request reads scope['path']")
+    ),
+    **{
+        (shell, "test_an_encoded_slash_is_another_path_than_a_slash"): _ONE_PATH_SLASH.format(
+            "PATH_INFO, where the WSGI server"
+            if shell != "django-async"
+            else "Django's ASGI request reads scope['path'], where the server"
+        )
+        for shell in ("wsgi", "flask", "django", "django-async")
+    },
 }
 STORES = [
     pytest.param("memory", id="memory"),

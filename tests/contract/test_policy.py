@@ -155,6 +155,28 @@ def test_equal_credentials_written_differently_share_a_scope(
     assert world["/orders"] == 2
 
 
+def test_a_bare_token_is_compared_exactly(svc: Service, world: World) -> None:
+    # No scheme, so nothing is case-insensitive: an API key sent as the whole header value.
+    first = svc.post(key="k1", json=ORDER, headers={"Authorization": "KeyAbC-x"})
+    other = svc.post(key="k1", json=ORDER, headers={"Authorization": "keyabc-x"})
+    assert first.status_code == other.status_code == 201
+    assert REPLAYED not in other.headers
+    assert world["/orders"] == 2
+
+
+def test_repeated_authorization_fields_scope_by_all_of_them(svc: Service, world: World) -> None:
+    # A framework reads the first field (Starlette) or all of them joined (a WSGI server): two
+    # requests that differ in any field never share a record.
+    alice = [("Authorization", "Bearer alice"), ("Authorization", "Bearer x")]
+    bob = [("Authorization", "Bearer bob"), ("Authorization", "Bearer x")]
+    first = svc.post(key="k1", json=ORDER, headers=alice)
+    other = svc.post(key="k1", json=ORDER, headers=bob)
+    again = svc.post(key="k1", json=ORDER, headers=alice)
+    assert first.status_code == other.status_code == 201
+    assert REPLAYED not in other.headers
+    assert again.headers[REPLAYED] == "true" and again.content == first.content
+
+
 def test_custom_scope_resolver_gets_the_neutral_request(
     make_service: ServiceFactory, world: World
 ) -> None:

@@ -190,6 +190,25 @@ def test_same_key_with_a_different_request_is_422_and_nothing_runs(
     assert replay.content == first.content
 
 
+def assert_two_records(svc: Service, one: str, other: str) -> None:
+    """One key on the paths ``one`` and ``other``: two records, each replayed to its own path."""
+    first = svc.post(one, key="k1", json=ORDER)
+    second = svc.post(other, key="k1", json=ORDER)
+    again = svc.post(one, key="k1", json=ORDER)
+    assert first.status_code == second.status_code == 201
+    assert REPLAYED not in second.headers
+    assert again.headers[REPLAYED] == "true" and again.content == first.content
+
+
+def test_paths_that_differ_in_bytes_that_are_not_utf8_are_two_records(svc: Service) -> None:
+    # Both decode to U+FFFD; the app receives the bytes (PATH_INFO, raw_path, Django's path).
+    assert_two_records(svc, "/orders/x%FF", "/orders/x%FE")
+
+
+def test_an_encoded_slash_is_another_path_than_a_slash(svc: Service) -> None:
+    assert_two_records(svc, "/orders/a%2Fb", "/orders/a/b")
+
+
 def test_repeated_query_values_in_another_order_are_another_request(
     svc: Service, world: World
 ) -> None:

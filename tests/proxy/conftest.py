@@ -193,3 +193,10 @@ def module_processes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proce
     started = Processes(tmp_path_factory.mktemp("proxy") / "logs")
     yield started
     started.stop_all()
+
+
+@pytest.fixture
+def client() -> Iterator[httpx.Client]:
+    """A plain HTTP client for one test."""
+    with httpx.Client(timeout=10.0) as c:
+        yield c

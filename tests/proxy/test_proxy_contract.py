@@ -68,12 +68,6 @@ def trusting_proxy(
     started.stop()
 
 
-@pytest.fixture
-def client() -> Iterator[httpx.Client]:
-    with httpx.Client(timeout=10.0) as c:
-        yield c
-
-
 def new_key() -> str:
     return str(uuid.uuid4())
 

@@ -110,3 +110,27 @@ def test_canonical_form_never_equals_a_raw_body() -> None:
 
 def test_canonical_json_off_by_default() -> None:
     assert fp(b'{"a":1,"b":2}') != fp(b'{"b":2,"a":1}')
+
+
+@pytest.mark.parametrize(
+    ("one", "other"),
+    [
+        (b'{"amount": 0.1}', b'{"amount": 0.10000000000000001}'),
+        (b'{"amount": 1e400}', b'{"amount": 2e400}'),
+        (b'{"amount": 1.5}', b'{"amount": 1.50}'),
+    ],
+)
+def test_canonical_json_never_folds_numbers_a_decimal_parser_tells_apart(
+    one: bytes, other: bytes
+) -> None:
+    assert fp(body=one, canonical_json=True, content_type=JSON) != fp(
+        body=other, canonical_json=True, content_type=JSON
+    )
+
+
+def test_canonical_json_still_applies_to_ordinary_numbers() -> None:
+    one = b'{"amount": 12.5, "n": 3, "x": -0.0, "e": 1e+21}'
+    other = b'{"e":1e+21,"x":-0.0,"n":3,"amount":12.5}'
+    assert fp(body=one, canonical_json=True, content_type=JSON) == fp(
+        body=other, canonical_json=True, content_type=JSON
+    )

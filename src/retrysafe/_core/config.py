@@ -167,7 +167,9 @@ class IdempotencyConfig:
         on_store_error: ``"fail_closed"`` answers ``503`` + ``Retry-After`` when the store fails;
             ``"fail_open"`` runs the request unprotected (logged).
         store_retry_after: the ``Retry-After`` seconds sent with a ``503``.
-        canonical_json: fingerprint JSON bodies in canonical form (sorted keys, no white space).
+        canonical_json: fingerprint JSON bodies in canonical form (sorted keys, no white space);
+            a body with a number that a float does not write back as sent (``0.10``, ``1e400``)
+            is fingerprinted raw, since an app that parses decimals tells such numbers apart.
         release_statuses: statuses that are not stored (the key is released). Every 5xx is
             released unless ``store_server_errors``.
         store_server_errors: keep 5xx responses too (rarely wanted).

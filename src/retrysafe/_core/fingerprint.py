@@ -33,10 +33,24 @@ def _name(pair: tuple[str, str]) -> str:
     return pair[0]
 
 
+class _Inexact(ValueError):
+    """A JSON number that a float does not hold exactly."""
+
+
+def _exact_float(text: str) -> float:
+    # Two numbers one float holds (0.1 and 0.10000000000000001, 1e400 and 2e400) are two
+    # amounts to an app that parses decimals (pydantic's Decimal, parse_float=Decimal): only a
+    # number written as its float writes itself is canonical; any other body is hashed raw.
+    value = float(text)
+    if repr(value) != text:
+        raise _Inexact(text)
+    return value
+
+
 def _canonical_json(body: bytes) -> bytes | None:
     try:
-        data = json.loads(body)
-    except (ValueError, RecursionError):
+        data = json.loads(body, parse_float=_exact_float)
+    except (ValueError, RecursionError):  # _Inexact is a ValueError
         return None
     return json.dumps(
         data, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=True

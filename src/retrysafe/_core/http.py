@@ -240,10 +240,10 @@ class Flow(Operation[Answer]):
         Operation.__init__(
             self,
             config,
-            record_id(principal, request.method, request.path, key),
+            record_id(principal, request.method, request.exact_path, key),
             fingerprint(
                 request.method,
-                request.path,
+                request.exact_path,
                 request.query,
                 body,
                 canonical_json=config.canonical_json,

@@ -9,8 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from typing import Any
+from urllib.parse import quote_from_bytes, unquote_to_bytes
 
-__all__ = ["Request", "content_length"]
+__all__ = ["Request", "content_length", "exact_path", "path_as_sent", "path_of_bytes"]
+
+#: RFC 3986 ``pchar`` and ``/``, minus ``%``: what :func:`exact_path` leaves as it is.
+_PATH_SAFE = "/!$&'()*+,;=:@"
 
 
 class Request:
@@ -18,7 +22,10 @@ class Request:
 
     Attributes:
         method: the upper-case HTTP method.
-        path: the request path (no query).
+        path: the request path (no query), decoded.
+        exact_path: the path as the record identifies it (it addresses the record and enters
+            the fingerprint): every distinction the application can see, written as
+            :func:`exact_path` does; ``path`` itself when that is plain ASCII.
         query: the raw query string.
         keys: the values of every ``Idempotency-Key`` header field, in order.
         content_length: the declared body length, ``-1`` when absent or unreadable.
@@ -39,6 +46,7 @@ class Request:
         "authorization",
         "content_length",
         "content_type",
+        "exact_path",
         "keys",
         "method",
         "path",
@@ -63,9 +71,11 @@ class Request:
         source: Any = None,
         find_route: Callable[[Any], str | None] | None = None,
         find_headers: Callable[[Any], Sequence[tuple[bytes, bytes]]] | None = None,
+        exact_path: str | None = None,
     ) -> None:
         self.method = method
         self.path = path
+        self.exact_path = path if exact_path is None else exact_path
         self.query = query
         self.keys = keys
         self.content_length = content_length
@@ -119,3 +129,48 @@ def content_length(value: bytes | str) -> int:
         return int(value) if value else -1
     except ValueError:
         return -1
+
+
+def exact_path(decoded: str, raw: bytes | None = None) -> str:
+    """The request path as a record identifies it: every distinction the application can see.
+
+    A path in plain ASCII without ``%`` is itself (the common case; record ids unchanged). Any
+    other path is written percent-encoded, so that two paths stay two: the raw path an ASGI
+    server passes (``raw_path``: ``a%2Fb`` is not ``a/b``, and ``%FF`` is not ``%FE``, although
+    both decode to U+FFFD), else the UTF-8 bytes of the decoded path, percent-encoded. A raw
+    path that does not decode to the decoded one (a middleware rewrote ``path``) gives way to
+    the decoded path, which the application routes on.
+
+    Args:
+        decoded: the decoded path (ASGI ``scope["path"]``).
+        raw: the raw path as sent, when the server gives it (ASGI ``scope["raw_path"]``).
+
+    Returns:
+        The path that enters the record id and the fingerprint.
+    """
+    if (
+        raw
+        and (b"%" in raw or not raw.isascii())
+        and unquote_to_bytes(raw).decode("utf-8", "replace") == decoded
+    ):
+        return raw.decode("latin-1")  # one character per byte: distinct raw paths stay so
+    if decoded.isascii() and "%" not in decoded:
+        return decoded
+    return path_of_bytes(decoded.encode("utf-8", "surrogatepass"))
+
+
+def path_as_sent(path: str) -> str:
+    """The record's path of a path written as a client sends it (``/caf%C3%A9``, ``/a%2Fb``;
+    ``/café`` is taken as its UTF-8 bytes): what ``retrysafe inspect --path`` looks up."""
+    if path.isascii() and "%" not in path:
+        return path
+    raw = quote_from_bytes(path.encode("utf-8", "surrogatepass"), safe=_PATH_SAFE + "%")
+    return exact_path(unquote_to_bytes(raw).decode("utf-8", "replace"), raw.encode("ascii"))
+
+
+def path_of_bytes(data: bytes) -> str:
+    """A decoded path given as its bytes (a WSGI ``PATH_INFO``), as :func:`exact_path` writes it:
+    itself when plain ASCII without ``%``, else percent-encoded (``/caf%C3%A9``, as on ASGI)."""
+    if data.isascii() and b"%" not in data:
+        return data.decode("ascii")
+    return quote_from_bytes(data, safe=_PATH_SAFE)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from .._core.errors import ConfigurationError
 from .._core.keys import parse_key, record_id
 from .._core.records import Record
+from .._core.request import path_as_sent
 from ..stores import Store
 
 __all__ = ["describe", "resolve", "target_record_id"]
@@ -24,7 +25,8 @@ def target_record_id(
     Args:
         key: the key as the client sent the ``Idempotency-Key`` header (a request), or as the
             function got it (a call).
-        path: the request's path (a request's record), or ``None``.
+        path: the request's path as the client sent it (``/caf%C3%A9``, ``/a%2Fb``; ``/café``
+            is taken as its UTF-8), for a request's record; else ``None``.
         function: the name the function's keys are scoped by (a call's record), or ``None``.
         method: the request's method.
         scope: the request's scope (its principal); calls have none.
@@ -46,7 +48,7 @@ def target_record_id(
         return call_record_id(function, key)
     assert path is not None
     parsed = parse_key([key.encode("utf-8", "surrogateescape")])
-    return record_id(scope, method.upper(), path, parsed)
+    return record_id(scope, method.upper(), path_as_sent(path), parsed)
 
 
 def describe(rid: str, record: Record | None, *, function: str | None = None) -> list[str]:

@@ -56,14 +56,9 @@ class _Front:
         if path == READY_PATH:
             await self._ready(send)
             return
-        raw_path = scope.get("raw_path")
-        if raw_path:
-            # What identifies a request is what the upstream receives: the raw path. The
-            # decoded one folds `a%2Fb` into `a/b` and every invalid escape into U+FFFD, so two
-            # requests the upstream tells apart would share one record. Latin-1 maps each byte
-            # to one character, so distinct raw paths stay distinct. Route rules still match
-            # the decoded path (what an operator writes).
-            scope["path"] = raw_path.decode("latin-1")
+        # The upstream receives the raw path; the ASGI shell identifies a request by it too
+        # (retrysafe._core.request.exact_path). Route rules match the decoded path (what an
+        # operator writes).
         for policy, app in self.routes:
             if policy.matches(path):
                 await app(scope, receive, send)

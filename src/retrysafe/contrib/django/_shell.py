@@ -21,7 +21,7 @@ from django.http.request import RawPostDataException
 from ..._body import BodyRefused, read_wsgi_body
 from ..._core.config import IdempotencyConfig
 from ..._core.http import Answer, Capture, client_gone, too_large
-from ..._core.request import Request
+from ..._core.request import Request, exact_path
 from ...wsgi import request_from_environ
 
 __all__ = [
@@ -50,7 +50,10 @@ def neutral_request(request: HttpRequest) -> Request:
     """The neutral request of a Django request (its route template when the URL resolver
     matched a ``path()`` route)."""
     neutral = request_from_environ(request.META)
-    neutral.path = request.path  # with SCRIPT_NAME: the path the client used
+    # With SCRIPT_NAME: the path the client used, as Django decoded it (bytes that are not UTF-8
+    # percent-encoded again), written as every front writes a path that is not plain ASCII.
+    neutral.path = request.path
+    neutral.exact_path = exact_path(request.path)
     route = getattr(request.resolver_match, "route", None)
     if route:
         neutral.route = "/" + route.lstrip("/")

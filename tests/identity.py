@@ -1,0 +1,150 @@
+"""Two requests and whether an application tells them apart: the model behind the identity
+property tests (tests/contract/test_identity_properties.py on every shell, and
+tests/proxy/test_identity_properties.py through the sidecar to a real upstream).
+
+A :class:`Shape` is what a client controls: path segments, query pairs in order, a credential
+and a body. :func:`pairs` draws a first request and a second one made from it by one change,
+with whether the application treats the two as the same request: only names of the query in
+another order are the same (every framework reads a query as values per name); every other
+change (another order of one name's values, another value, path, credential, case of a
+credential, body, or a path byte that is not UTF-8) is another request.
+"""
+
+from __future__ import annotations
+
+import string
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from urllib.parse import urlencode
+
+from hypothesis import strategies as st
+
+__all__ = ["Send", "Shape", "check_pair", "pairs"]
+
+#: Sends one request under a key: ``(status, replayed, body)``.
+Send = Callable[["Shape", str], tuple[int, bool, bytes]]
+
+_SEGMENT = st.text(string.ascii_letters + string.digits + "-._~", min_size=1, max_size=8)
+#: Names no test app reads as a knob (status, hold, sleep, fail, size, h, mark, delay_ms...).
+_NAME = st.sampled_from(["a", "b", "item", "x", "zz"])
+_VALUE = st.text(string.ascii_letters + string.digits + " -_.&=/", max_size=6)
+_TOKEN = st.text(string.ascii_letters + string.digits + "-_", min_size=1, max_size=12)
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One request as a client sends it (always ``POST``)."""
+
+    segments: tuple[str, ...]
+    query: tuple[tuple[str, str], ...]
+    token: str | None
+    bare: bool
+    body: bytes
+
+    @property
+    def target(self) -> str:
+        """Path and query, percent-encoded as sent (a segment may carry its own escapes)."""
+        path = "/orders/p/" + "/".join(self.segments)
+        return path + ("?" + urlencode(self.query) if self.query else "")
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """The request's headers but its key: the credential."""
+        if self.token is None:
+            return {}
+        return {"Authorization": self.token if self.bare else f"Bearer {self.token}"}
+
+
+@st.composite
+def _shapes(draw: st.DrawFn) -> Shape:
+    first = draw(_VALUE)
+    second = draw(_VALUE.filter(lambda v: v != first))
+    before = draw(st.lists(st.tuples(_NAME, _VALUE), max_size=3))
+    between = draw(st.lists(st.tuples(_NAME, _VALUE), max_size=2))
+    # One name always has two different values, so their order can change.
+    query = (*before, ("qty", first), *between, ("qty", second))
+    return Shape(
+        segments=tuple(draw(st.lists(_SEGMENT, min_size=1, max_size=3))),
+        query=query,
+        token=draw(st.none() | _TOKEN),
+        bare=draw(st.booleans()),
+        body=draw(st.binary(max_size=32)),
+    )
+
+
+def _names_reordered(shape: Shape, order: list[str]) -> Shape:
+    # A stable sort by a new order of names: each name's values keep their order.
+    rank = {name: i for i, name in enumerate(order)}
+    return replace(shape, query=tuple(sorted(shape.query, key=lambda pair: rank[pair[0]])))
+
+
+@st.composite
+def pairs(
+    draw: st.DrawFn, *, byte_paths: bool = True, raw_paths: bool = False
+) -> tuple[Shape, Shape, bool, str]:
+    """A first request, a second made from it by one change, whether the application treats
+    them as one request, and the change's name.
+
+    Args:
+        draw: hypothesis' draw.
+        byte_paths: also change a path byte that is not UTF-8 (``%FF`` vs ``%FE``), for the
+            fronts whose application receives the bytes.
+        raw_paths: also send ``a%2Fb`` against ``a/b``, for the fronts whose application
+            receives the raw path (ASGI's ``raw_path``, the proxy's upstream).
+    """
+    shape = draw(_shapes())
+    changes = ["names", "values", "value", "path", "principal", "case", "body"]
+    changes += ["byte"] if byte_paths else []
+    changes += ["slash"] if raw_paths else []
+    change = draw(st.sampled_from(changes))
+    if change == "names":
+        names = sorted({name for name, _ in shape.query})
+        return shape, _names_reordered(shape, draw(st.permutations(names))), True, change
+    if change == "values":  # the values of "qty" in the other order
+        swapped = tuple(reversed([v for n, v in shape.query if n == "qty"]))
+        it = iter(swapped)
+        query = tuple((n, next(it)) if n == "qty" else (n, v) for n, v in shape.query)
+        return shape, replace(shape, query=query), False, change
+    if change == "value":
+        i = draw(st.integers(0, len(shape.query) - 1))
+        name, value = shape.query[i]
+        other = draw(_VALUE.filter(lambda v: v != value))
+        query = (*shape.query[:i], (name, other), *shape.query[i + 1 :])
+        return shape, replace(shape, query=query), False, change
+    if change == "path":
+        i = draw(st.integers(0, len(shape.segments) - 1))
+        other = draw(_SEGMENT.filter(lambda s: s != shape.segments[i]))
+        segments = (*shape.segments[:i], other, *shape.segments[i + 1 :])
+        return shape, replace(shape, segments=segments), False, change
+    if change == "principal":
+        other_token = draw(_TOKEN.filter(lambda t: t != shape.token))
+        return shape, replace(shape, token=other_token), False, change
+    if change == "case":  # a credential whose case differs is another credential
+        token = draw(_TOKEN.filter(lambda t: t.swapcase() != t))
+        return replace(shape, token=token), replace(shape, token=token.swapcase()), False, change
+    if change == "body":
+        body = draw(st.binary(max_size=32).filter(lambda b: b != shape.body))
+        return shape, replace(shape, body=body), False, change
+    if change == "slash":
+        left, right = draw(_SEGMENT), draw(_SEGMENT)
+        first = replace(shape, segments=(*shape.segments, f"{left}%2F{right}"))
+        return first, replace(shape, segments=(*shape.segments, left, right)), False, change
+    one, other = draw(st.lists(st.integers(0x80, 0xFF), min_size=2, max_size=2, unique=True))
+    first = replace(shape, segments=(*shape.segments, f"x%{one:02X}"))
+    return first, replace(shape, segments=(*shape.segments, f"x%{other:02X}")), False, change
+
+
+def check_pair(send: Send, case: tuple[Shape, Shape, bool, str]) -> None:
+    """Send the two requests of ``case`` under one new key: the second is a replay of the first
+    exactly when the application treats them as one request (else it runs, or is a ``422``)."""
+    first, second, same, change = case
+    key = str(uuid.uuid4())
+    status, replayed, body = send(first, key)
+    assert (status, replayed) == (201, False), (first, status)
+    status, replayed, again = send(second, key)
+    if same:
+        assert replayed and again == body, (change, first.target, second.target)
+    else:
+        assert not replayed, (change, first, second)
+        assert status in (201, 422), (change, status)
