@@ -41,7 +41,7 @@ from ..._core.records import (
 from .._base import StoreStats
 from .._inline import InlineAsyncStore
 from .._registry import Backend, parse_store_url, register_backend
-from .._sql import load_queries, record_from_row
+from .._sql import load_queries, record_from_row, settled_from_row
 from .._url import StoreURL, non_negative, split_url
 from . import _liveness
 
@@ -274,10 +274,9 @@ class SQLiteStore:
         """The record of ``record_id`` when it decides the reservation without a write (read
         only, so never waiting for the writer); ``None`` when the key needs the write lock."""
         now = self._clock()
-        row = self._run("get", {"id": record_id, "now": now}).fetchone()
-        if row is None or (row[1] == 0 and row[2] <= now):
+        record = settled_from_row(self._run("get", {"id": record_id, "now": now}).fetchone(), now)
+        if record is None:
             return None  # new, or a lapsed lease to take over: only the write decides
-        record = self._record(row, now)
         if record.state == "in_progress" and self._holder_dead(record_id, now):
             return None  # a dead owner's key: taking it over needs the write
         return Reservation(record=record)
