@@ -19,7 +19,7 @@ from retrysafe.demo.app import create_app
 from retrysafe.demo.serve import SERVERS
 
 from ..integrations.helpers import client_for
-from ..stores.test_sqlite_busy import holding
+from ..stores.sqlite_contention import holding
 from .servers import DemoServer
 
 PAYMENT = {"amount": 12, "currency": "EUR"}
