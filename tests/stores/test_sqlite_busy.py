@@ -6,6 +6,7 @@ by default on the async face, for ``busy_timeout`` (the URL's, or 30 s) on the s
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -118,3 +119,64 @@ def test_a_bad_busy_timeout_option_is_a_configuration_error(tmp_path: Path) -> N
     for value in ("x", "-1", "inf", "nan"):
         with pytest.raises(ConfigurationError, match="busy_timeout"):
             async_store_from_url(f"sqlite:///{tmp_path}/s.db?busy_timeout={value}")
+
+
+async def test_waiters_for_the_write_lock_take_turns_settling_first_then_in_arrival_order() -> None:
+    """In one process, only the waiter whose turn it is polls SQLite's lock: a later arrival
+    can no longer win it again and again ahead of one that has waited for seconds (the latency
+    tail of a busy file), and a held key's settlement goes before new reservations."""
+    from retrysafe.stores.sqlite import CLAIM, SETTLE, _Turns
+
+    turns = _Turns()
+    assert await turns.acquire(CLAIM, 1.0)  # free: at once
+    order: list[str] = []
+
+    async def wait(name: str, priority: int, within: float = 5.0) -> None:
+        if await turns.acquire(priority, within):
+            order.append(name)
+            await asyncio.sleep(0.01)
+            turns.release()
+        else:
+            order.append(f"{name} gave up")
+
+    waiters = [
+        asyncio.create_task(wait("first claim", CLAIM)),
+        asyncio.create_task(wait("impatient", CLAIM, within=0.05)),
+        asyncio.create_task(wait("second claim", CLAIM)),
+        asyncio.create_task(wait("settle", SETTLE)),
+    ]
+    cancelled = asyncio.create_task(wait("cancelled", SETTLE))
+    await asyncio.sleep(0.1)
+    cancelled.cancel()
+    turns.release()
+    await asyncio.gather(*waiters)
+    assert order == ["impatient gave up", "settle", "first claim", "second claim"]
+    assert not turns.held and not turns.heap
+
+
+async def test_a_waiter_in_the_queue_is_answered_by_a_read_without_its_turn() -> None:
+    """A duplicate queued behind other writers re-reads its key: once the first request's
+    reservation has committed, it is answered from that read (409 or replay), not after every
+    writer ahead of it."""
+    from retrysafe.stores.sqlite import retry_while_busy
+
+    def busy() -> str:
+        raise SQLiteBusyError("database is locked")
+
+    reads = iter([None, None, "the record"])
+    head = asyncio.create_task(
+        retry_while_busy(busy, busy_timeout=1.0, what="reserve", path="/tmp/turns-test.db")
+    )
+    await asyncio.sleep(0.01)  # the head takes the turn and polls
+    started = asyncio.get_running_loop().time()
+    answer = await retry_while_busy(
+        busy,
+        busy_timeout=1.0,
+        what="reserve",
+        path="/tmp/turns-test.db",
+        settled=lambda: next(reads),
+    )
+    assert answer == "the record"
+    assert asyncio.get_running_loop().time() - started < 0.9 and not head.done()
+    with pytest.raises(SQLiteBusyError, match="stayed taken"):
+        await head
