@@ -64,6 +64,19 @@ class CrashReport:
     seconds: float = 0.0
     #: Seconds from each operation's first attempt to its final answer.
     latencies: list[float] = field(default_factory=list)
+    #: The slowest operations: (seconds, key, query, wall clock of the first attempt, their
+    #: attempts), slowest first.
+    slowest: list[tuple[float, str, str, float, list[str]]] = field(default_factory=list)
+
+    def timelines(self) -> str:
+        """The slowest operations attempt by attempt: when each began (seconds after the
+        operation's first attempt), on which server, with which client timeout, what came back
+        and when; for finding where a latency tail goes."""
+        lines = []
+        for seconds, key, query, started_at, attempts in self.slowest:
+            lines.append(f"  {seconds:.2f}s {key}{query or ''} from {started_at:.3f}")
+            lines.extend(f"    {line}" for line in attempts)
+        return "\n".join(lines)
 
     def percentile(self, q: float) -> float:
         """The ``q`` quantile (0..1) of the operation latencies (nearest rank), 0 if none."""
@@ -94,6 +107,9 @@ class _Op:
     query: str
     bodies: list[bytes] = field(default_factory=list)
     final: str = ""
+    attempts: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+    started_at: float = 0.0  # wall clock of the first attempt
 
 
 async def _operation(
@@ -107,21 +123,30 @@ async def _operation(
     payload = json.dumps({"item": op.item, "quantity": 1}).encode()
     headers = {"Idempotency-Key": op.key, "Content-Type": "application/json"}
     began = time.monotonic()
+    op.started_at = time.time()
     deadline = began + plan.operation_deadline
 
     async def attempt() -> tuple[int, bytes, httpx.Headers] | None:
         server = rng.choice(servers)
         report.attempts += 1
+        timeout = rng.choice(plan.timeouts)
+        sent = time.monotonic()
+        where = f"+{sent - began:.2f}s :{server.port} timeout={timeout:g}"
         try:
             response = await client.post(
                 f"{server.url}/orders{op.query}",
                 content=payload,
                 headers=headers,
-                timeout=rng.choice(plan.timeouts),
+                timeout=timeout,
             )
-        except httpx.HTTPError:
+        except httpx.HTTPError as exc:
             report.network_errors += 1
+            op.attempts.append(f"{where} {type(exc).__name__} after {time.monotonic() - sent:.2f}s")
             return None
+        answer = f"{response.status_code} retry-after={response.headers.get('retry-after')}"
+        if response.headers.get("idempotency-replayed") == "true":
+            answer += " replayed"
+        op.attempts.append(f"{where} {answer} after {time.monotonic() - sent:.2f}s")
         return response.status_code, response.content, response.headers
 
     while time.monotonic() < deadline:
@@ -145,7 +170,8 @@ async def _operation(
                 report.unexpected.append(f"{op.key}: {status} {body[:200]!r}")
                 op.final = op.final or "unexpected"
         if op.final:
-            report.latencies.append(time.monotonic() - began)
+            op.seconds = time.monotonic() - began
+            report.latencies.append(op.seconds)
             return
         await asyncio.sleep(rng.uniform(0.05, 0.3))
 
@@ -223,6 +249,8 @@ async def run_crash_suite(
                 await asyncio.to_thread(server.start)
         listing = (await client.get(servers[0].url + "/orders", timeout=30)).json()
     per_item = Counter(order["item"] for order in listing["orders"])
+    slow = sorted(ops, key=lambda op: op.seconds, reverse=True)[:5]
+    report.slowest = [(op.seconds, op.key, op.query, op.started_at, op.attempts) for op in slow]
     report.seconds = time.monotonic() - started
     for op in ops:
         count = per_item.get(op.item, 0)

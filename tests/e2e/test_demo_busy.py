@@ -19,7 +19,7 @@ from retrysafe.demo.app import create_app
 from retrysafe.demo.serve import SERVERS
 
 from ..integrations.helpers import client_for
-from ..stores.test_sqlite_busy import holding
+from ..stores.sqlite_contention import holding
 from .servers import DemoServer
 
 PAYMENT = {"amount": 12, "currency": "EUR"}
@@ -50,11 +50,16 @@ def _problem(response: httpx.Response) -> str:
 
 
 @pytest.mark.e2e
+@pytest.mark.parametrize("framework", list(SERVERS))
 async def test_a_handler_holding_the_write_lock_delays_new_writes_and_nothing_else(
-    demo_servers: Callable[..., DemoServer], tmp_path: Path
+    demo_servers: Callable[..., DemoServer], tmp_path: Path, framework: str
 ) -> None:
+    """On every OrderHub (the Django one keeps its records with the Django ORM store, the
+    others with the SQLite URL store): while a keyed request's transaction holds SQLite's write
+    lock, its duplicate (409 + Retry-After), a replay and a key reused with another body (422)
+    are answered from a read before the holder finishes; new writes queue, then go through."""
     path = tmp_path / "demo.db"
-    server = demo_servers(f"sqlite:///{path}")
+    server = demo_servers(f"sqlite:///{path}", extra_args=("--framework", framework))
     base = server.url
     async with httpx.AsyncClient(base_url=base, timeout=30) as client:
         done = await client.post(
@@ -65,9 +70,13 @@ async def test_a_handler_holding_the_write_lock_delays_new_writes_and_nothing_el
         slow_headers = {**ALICE, "Idempotency-Key": '"k1"'}
         slow_url = f"/payments?delay_after_ms={HOLD_MS}"
         slow = asyncio.create_task(client.post(slow_url, json=PAYMENT, headers=slow_headers))
-        for _ in range(200):  # until the slow handler has written (and holds the lock)
+        for _ in range(500):  # until the slow handler has written (and holds the lock)
+            # Twice, 0.2 s apart: closing a connection checkpoints the WAL, and takes the lock
+            # for a moment too (Django closes its connection after every request).
             if _locked(path):
-                break
+                await asyncio.sleep(0.2)
+                if _locked(path):
+                    break
             await asyncio.sleep(0.01)
         assert _locked(path)
 
@@ -77,7 +86,13 @@ async def test_a_handler_holding_the_write_lock_delays_new_writes_and_nothing_el
         replay = await client.post(
             "/payments", json=PAYMENT, headers={**ALICE, "Idempotency-Key": '"k0"'}
         )
+        reused_done = await client.post(
+            "/payments",
+            json={**PAYMENT, "amount": 14},
+            headers={**ALICE, "Idempotency-Key": '"k0"'},
+        )
         assert _locked(path) and not slow.done()
+        assert reused_done.status_code == 422 and _problem(reused_done) == "idempotency-key-reused"
         assert duplicate.status_code == 409 and int(duplicate.headers["retry-after"]) >= 1
         assert _problem(duplicate) == "idempotency-request-in-progress"
         assert reused.status_code == 422 and _problem(reused) == "idempotency-key-reused"
@@ -210,12 +225,8 @@ def test_a_database_busy_past_the_bound_is_a_503_problem_on_every_orderhub(
     assert _problem(fresh) in ("idempotency-store-unavailable", "database-unavailable")
     for response in (keyless, fresh):
         assert int(response.headers["retry-after"]) >= 1
-    if framework == "django" and replay.status_code == 503:
-        # The Django ORM store begins every reservation with an upsert, so on SQLite even a
-        # replay waits for the writer (then a 503 problem, never a 500); the URL stores read.
-        assert int(replay.headers["retry-after"]) >= 1 and _problem(replay)
-    else:
-        assert replay.status_code == 201 and replay.headers["idempotency-replayed"] == "true"
+    # Every store on SQLite answers a replay from a read, the Django ORM store too.
+    assert replay.status_code == 201 and replay.headers["idempotency-replayed"] == "true"
     assert listing.status_code == 200 and listing.json()["count"] == 1
     again = httpx.post(
         base + "/payments", json=PAYMENT, headers={**ALICE, "Idempotency-Key": '"new"'}, timeout=30

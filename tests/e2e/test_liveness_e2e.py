@@ -242,7 +242,7 @@ def test_chaos_operation_latency_with_the_default_lease(
     print(line)
     Path("test-artifacts").mkdir(exist_ok=True)
     with open("test-artifacts/liveness-chaos.txt", "a") as out:
-        out.write(line + "\n")
+        out.write(line + "\n" + report.timelines() + "\n")
     assert report.unfinished == 0 and report.lost == 0 and not report.unexpected
     if mode != "redis":
         assert report.duplicates == 0

@@ -31,6 +31,7 @@ from ..stores.sqlite import (
     DEFAULT_BUSY_TIMEOUT,
     SQLiteBusyError,
     busy_timeout_option,
+    file_key,
     parse_sqlite_url,
     retry_while_busy,
 )
@@ -213,6 +214,7 @@ class AsyncSQLite(_SQLite):
                 lambda: own.execute(sql, params).fetchall(),
                 busy_timeout=self.busy_timeout,
                 what="write",
+                path=file_key(self.path),  # in turn with the store's waiters on this file
             )
         except SQLiteBusyError as exc:
             raise self._unavailable(exc) from exc

@@ -11,7 +11,7 @@ from typing import Any
 
 from .._core.records import Record
 
-__all__ = ["load_queries", "record_from_row"]
+__all__ = ["load_queries", "record_from_row", "settled_from_row"]
 
 
 def record_from_row(row: tuple[Any, ...], now: float) -> Record:
@@ -27,6 +27,20 @@ def record_from_row(row: tuple[Any, ...], now: float) -> Record:
         lease_remaining=max(0.0, lease_expires_at - now),
         committed=state == 2,
     )
+
+
+def settled_from_row(row: tuple[Any, ...] | None, now: float) -> Record | None:
+    """The record of a ``get`` row (as for :func:`record_from_row`) when it decides a
+    reservation without a write: completed, in progress under a live lease, or committed
+    (outcome unknown once its lease lapsed). ``None`` for no row or a lapsed lease that a
+    reservation takes over, which only the write decides.
+
+    On SQLite's single writer this is what lets a duplicate, a replay or a mismatch be answered
+    from a read (WAL readers never wait) while another request's transaction holds the lock.
+    """
+    if row is None or (row[1] == 0 and row[2] <= now):
+        return None
+    return record_from_row(row, now)
 
 
 @functools.cache

@@ -37,7 +37,7 @@ from django.db import (
 from ..._core.errors import ConfigurationError, StoreError, StoreUnavailableError
 from ..._core.records import Record, Reservation, new_token
 from ...stores._registry import Backend, parse_store_url
-from ...stores._sql import record_from_row
+from ...stores._sql import record_from_row, settled_from_row
 from ...stores._url import StoreURL
 
 __all__ = [
@@ -173,13 +173,41 @@ class DjangoStore:
 
     _record = staticmethod(record_from_row)
 
+    def _settled(self, record_id: str) -> Reservation | None:
+        """The record of ``record_id`` when it decides the reservation without a write (a
+        read, so never waiting for SQLite's writer); ``None`` when only the write decides."""
+        now = self._clock()
+        _, rows = self._run("get", [record_id, now])
+        record = settled_from_row(rows[0] if rows else None, now)
+        return None if record is None else Reservation(record=record)
+
     def reserve(self, record_id: str, fingerprint: str, *, lease: float, ttl: float) -> Reservation:
-        """See :meth:`retrysafe.stores.Store.reserve`."""
+        """See :meth:`retrysafe.stores.Store.reserve`.
+
+        On SQLite (one writer at a time) it reads first, like the SQLite URL store: a key whose
+        record decides (a duplicate in progress, a replay, another request with the key) is
+        answered without queueing behind another request's transaction; only a key that needs
+        the write (new, or a lapsed lease to take over) waits for the lock, up to the
+        database's ``timeout``.
+        """
+        sqlite = self.vendor == "sqlite"
+        if sqlite:
+            settled = self._settled(record_id)
+            if settled is not None:
+                return settled
         while True:
             now = self._clock()
             token = new_token()
             params = [record_id, fingerprint, token, now + lease, now + ttl, now]
-            _, won = self._run("reserve", [*params, current_route.get(), now, now])
+            try:
+                _, won = self._run("reserve", [*params, current_route.get(), now, now])
+            except StoreUnavailableError:
+                # The lock stayed taken for the whole timeout: a record written meanwhile
+                # still decides from a read.
+                settled = self._settled(record_id) if sqlite else None
+                if settled is None:
+                    raise
+                return settled
             if won:
                 return Reservation(token=token)
             _, rows = self._run("get", [record_id, now])

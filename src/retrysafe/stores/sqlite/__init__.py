@@ -22,9 +22,13 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import heapq
+import itertools
+import os
 import sqlite3
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -41,7 +45,7 @@ from ..._core.records import (
 from .._base import StoreStats
 from .._inline import InlineAsyncStore
 from .._registry import Backend, parse_store_url, register_backend
-from .._sql import load_queries, record_from_row
+from .._sql import load_queries, record_from_row, settled_from_row
 from .._url import StoreURL, non_negative, split_url
 from . import _liveness
 
@@ -53,6 +57,7 @@ __all__ = [
     "SQLiteStore",
     "SQLiteTransaction",
     "busy_timeout_option",
+    "file_key",
     "parse_sqlite_url",
     "retry_while_busy",
 ]
@@ -87,7 +92,83 @@ def _is_busy(exc: BaseException) -> bool:
     return isinstance(exc, sqlite3.OperationalError) and ("locked" in text or "busy" in text)
 
 
-async def retry_while_busy(operation: Callable[[], T], *, busy_timeout: float, what: str) -> T:
+class _Turns:
+    """The coroutines of one event loop that wait for one SQLite file's write lock, served in
+    turn: only the one whose turn it is polls the lock, the others wait in order (the settling
+    of a key that is already held before a new reservation, then first come, first served).
+
+    SQLite has no queue of its own: every waiter retries, and one that arrives when the lock is
+    free takes it ahead of those that have waited for seconds. On a busy file that is the tail
+    of the latency (a request that loses the race again and again); with turns, a waiter
+    competes only with the heads of the other processes' queues.
+    """
+
+    __slots__ = ("heap", "held", "seq")
+
+    def __init__(self) -> None:
+        self.held = False
+        self.heap: list[tuple[int, int, asyncio.Future[None]]] = []
+        self.seq = itertools.count()
+
+    async def acquire(self, priority: int, within: float) -> bool:
+        """Wait for this waiter's turn, at most ``within`` seconds; ``False`` if it did not
+        come (then the caller does not hold it)."""
+        if not self.held and not self.heap:
+            self.held = True
+            return True
+        turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        heapq.heappush(self.heap, (priority, next(self.seq), turn))
+        try:
+            await asyncio.wait((turn,), timeout=within)
+        except asyncio.CancelledError:
+            self._abandon(turn)
+            raise
+        if turn.done():
+            return True
+        self._abandon(turn)
+        return False
+
+    def _abandon(self, turn: asyncio.Future[None]) -> None:
+        if turn.done():
+            self.release()  # handed over just now: pass it on
+        else:
+            turn.cancel()
+
+    def release(self) -> None:
+        """End the current turn: the next waiter's begins."""
+        while self.heap:
+            turn = heapq.heappop(self.heap)[2]
+            if not turn.done():
+                turn.set_result(None)
+                return
+        self.held = False
+
+
+_TURNS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, _Turns]] = (
+    weakref.WeakKeyDictionary()
+)
+
+#: Turn priorities: settling a key already held (and a held key's transaction) goes first.
+SETTLE, CLAIM = 0, 1
+
+
+def _turns(path: str) -> _Turns:
+    files = _TURNS.setdefault(asyncio.get_running_loop(), {})
+    turns = files.get(path)
+    if turns is None:
+        turns = files[path] = _Turns()
+    return turns
+
+
+async def retry_while_busy(
+    operation: Callable[[], T],
+    *,
+    busy_timeout: float,
+    what: str,
+    path: str | None = None,
+    priority: int = CLAIM,
+    settled: Callable[[], T | None] | None = None,
+) -> T:
     """Run ``operation`` (SQLite calls on a ``busy_timeout=0`` connection) and, while it meets
     another writer's lock, run it again after an awaited back-off: the event loop keeps serving
     the other requests, among them possibly the one that holds the lock.
@@ -97,6 +178,11 @@ async def retry_while_busy(operation: Callable[[], T], *, busy_timeout: float, w
             is locked") when the lock is taken; any other error propagates at once.
         busy_timeout: seconds to keep trying (0: one attempt).
         what: the operation's name, for the error message.
+        path: the database file: the waiters of this event loop for that file then take turns
+            (see :class:`_Turns`) instead of racing each other for the lock.
+        priority: :data:`SETTLE` (a key already held) or :data:`CLAIM` (a new write).
+        settled: a read that may make the write unnecessary (a reservation whose key got a
+            record meanwhile), tried while waiting for a turn; ``None`` from it: keep waiting.
 
     Returns:
         What ``operation`` returned.
@@ -104,26 +190,62 @@ async def retry_while_busy(operation: Callable[[], T], *, busy_timeout: float, w
     Raises:
         SQLiteBusyError: the lock stayed taken for ``busy_timeout`` seconds.
     """
+    try:
+        return operation()
+    except (SQLiteBusyError, sqlite3.OperationalError) as exc:
+        if not _is_busy(exc):
+            raise
+        first = exc
     loop = asyncio.get_running_loop()
-    deadline = 0.0
-    delay = 0.0005
-    while True:
-        try:
-            return operation()
-        except (SQLiteBusyError, sqlite3.OperationalError) as exc:
-            if not _is_busy(exc):
-                raise
+    deadline = loop.time() + busy_timeout
+    turns = None
+    if path is not None and path != ":memory:":
+        turns = _turns(path)
+        while True:
+            left = deadline - loop.time()
+            if await turns.acquire(priority, min(left, 0.05) if settled else max(0.0, left)):
+                break
+            if settled is not None:
+                try:
+                    answer = settled()
+                except (SQLiteBusyError, sqlite3.OperationalError) as exc:
+                    if not _is_busy(exc):
+                        raise
+                    answer = None
+                if answer is not None:
+                    return answer
+            if loop.time() >= deadline:
+                raise _busy_for(what, busy_timeout) from first
+    try:
+        delay = 0.0005
+        while True:
             now = loop.time()
-            if not deadline:
-                deadline = now + busy_timeout
             if now >= deadline:
-                raise SQLiteBusyError(
-                    f"SQLite {what}: the database's write lock stayed taken for {busy_timeout:g} s "
-                    "(busy_timeout); another transaction holds it",
-                    store="sqlite",
-                ) from exc
+                raise _busy_for(what, busy_timeout) from first
             await asyncio.sleep(min(delay, deadline - now))
-            delay = min(delay * 2, 0.02)
+            # Alone in its turn, a waiter polls often: a free lock is taken within 5 ms.
+            delay = min(delay * 2, 0.005 if turns is not None else 0.02)
+            try:
+                return operation()
+            except (SQLiteBusyError, sqlite3.OperationalError) as exc:
+                if not _is_busy(exc):
+                    raise
+    finally:
+        if turns is not None:
+            turns.release()
+
+
+def _busy_for(what: str, busy_timeout: float) -> SQLiteBusyError:
+    return SQLiteBusyError(
+        f"SQLite {what}: the database's write lock stayed taken for {busy_timeout:g} s "
+        "(busy_timeout); another transaction holds it",
+        store="sqlite",
+    )
+
+
+def file_key(path: str) -> str:
+    """The name under which the waiters for ``path``'s write lock take turns (its real path)."""
+    return path if path == ":memory:" else os.path.realpath(path)
 
 
 #: The query options of a ``sqlite:///`` URL: constructor keyword -> converter.
@@ -274,10 +396,9 @@ class SQLiteStore:
         """The record of ``record_id`` when it decides the reservation without a write (read
         only, so never waiting for the writer); ``None`` when the key needs the write lock."""
         now = self._clock()
-        row = self._run("get", {"id": record_id, "now": now}).fetchone()
-        if row is None or (row[1] == 0 and row[2] <= now):
+        record = settled_from_row(self._run("get", {"id": record_id, "now": now}).fetchone(), now)
+        if record is None:
             return None  # new, or a lapsed lease to take over: only the write decides
-        record = self._record(row, now)
         if record.state == "in_progress" and self._holder_dead(record_id, now):
             return None  # a dead owner's key: taking it over needs the write
         return Reservation(record=record)
@@ -497,6 +618,7 @@ class AsyncSQLiteStore(InlineAsyncStore):
     ) -> None:
         super().__init__(SQLiteStore(path, busy_timeout=0.0, clock=clock))
         self.busy_timeout = busy_timeout
+        self._file = file_key(self.sync.path)
         self._idle: list[sqlite3.Connection] = []
 
     @classmethod
@@ -506,11 +628,14 @@ class AsyncSQLiteStore(InlineAsyncStore):
         return cls(_path(parsed), **parsed.options)
 
     async def _call(self, operation: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        # Every write but a reservation settles a key already held (or opens its transaction).
         timeout = DEFAULT_BUSY_TIMEOUT if self.busy_timeout is None else self.busy_timeout
         return await retry_while_busy(
             functools.partial(operation, *args, **kwargs),
             busy_timeout=timeout,
             what=getattr(operation, "__name__", "statement"),
+            path=self._file,
+            priority=SETTLE,
         )
 
     async def reserve(
@@ -523,6 +648,11 @@ class AsyncSQLiteStore(InlineAsyncStore):
             functools.partial(self.sync.reserve, record_id, fingerprint, lease=lease, ttl=ttl),
             busy_timeout=timeout,
             what="reserve",
+            path=self._file,
+            priority=CLAIM,
+            # A duplicate queued behind the first request's reservation is answered from a
+            # read as soon as that reservation commits, without waiting for its own turn.
+            settled=functools.partial(self.sync._settled, record_id),
         )
 
     def begin(self) -> AsyncSQLiteTransaction:
