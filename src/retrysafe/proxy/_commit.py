@@ -6,7 +6,8 @@ proxy holds an upstream connection (a request still queued for one must not be m
 store then fails, it is answered ``503`` and never sent). When an idle pooled connection is
 there before the reservation (the common case), nothing is left to wait for between the two,
 so the reservation itself can be written committed (the store's ``reserve_committed``: one
-round trip instead of two, on Redis) and the proxy's mark is already done:
+round trip instead of two on Redis, one statement instead of two on SQLite) and the proxy's mark
+is already done:
 
     _Front:  conn = pool.take_idle()  ->  READY = Ready(conn)
     middleware: store.reserve(...)    ->  reserve_committed(...) (won: Ready.token = token)
