@@ -154,6 +154,7 @@ def _measure(
     store_pids: list[int],
 ) -> dict[str, Any]:
     assert spec.proc is not None and backend.proc is not None
+    load_before = os.getloadavg()[0]
     before = server_cpu(spec.proc.pid) or 0.0
     backend_before = server_cpu(backend.proc.pid) or 0.0
     store_before = run.cpu_snapshot(store_pids)
@@ -163,6 +164,7 @@ def _measure(
     store_after = run.cpu_snapshot(store_pids)
     requests = max(1, result["requests"])
     result.update(
+        loadavg=max(load_before, os.getloadavg()[0]),
         rps=result["requests"] / (result["duration_us"] / 1e6),
         proxy_cpu_us=None if spec is backend else (after - before) * 1e6 / requests,
         backend_cpu_us=(backend_after - backend_before) * 1e6 / requests,
@@ -365,8 +367,15 @@ def verdicts(rows: list[dict[str, Any]]) -> list[str]:
 
 def markdown(report: dict[str, Any]) -> list[str]:
     """The sidecar's section of the bench report."""
+    loads = [r["loadavg"] for r in report.get("runs", []) if "loadavg" in r]
     lines = [
         "## retrysafe proxy (sidecar) in front of the bare endpoint",
+        "",
+        f"Load average (1 min) during the runs: median {median(loads):.1f}, "
+        f"{min(loads):.1f}-{max(loads):.1f} on {os.cpu_count()} cores; the machine's other "
+        "work moves req/s far more than the CPU columns."
+        if loads
+        else "",
         "",
         "The backend: the bare endpoint (uvicorn, 1 worker). Proxy: `retrysafe proxy` with its "
         "defaults (1 worker, no access log), no core pinning (load "

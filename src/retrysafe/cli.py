@@ -153,6 +153,7 @@ def _proxy(args: argparse.Namespace) -> int:
         import uvicorn
 
         from .proxy import OPTIONS, build_app, load_settings
+        from .proxy.app import tune_gc
     except ImportError as exc:
         print(f"retrysafe proxy needs: pip install 'retrysafe[proxy]' ({exc})", file=sys.stderr)
         return 2
@@ -178,6 +179,7 @@ def _proxy(args: argparse.Namespace) -> int:
         "date_header": False,
     }
     if settings.workers == 1:
+        tune_gc()
         uvicorn.run(app, **common)
         return 0
     # Workers are separate processes that import the app: they rebuild it from the settings.
@@ -189,8 +191,11 @@ def _proxy(args: argparse.Namespace) -> int:
 def _proxy_worker_app() -> object:
     """The app of one ``retrysafe proxy`` worker process (uvicorn factory)."""
     from .proxy import ProxySettings, build_app
+    from .proxy.app import tune_gc
 
-    return build_app(ProxySettings.from_json(os.environ[_PROXY_SETTINGS_ENV]))
+    app = build_app(ProxySettings.from_json(os.environ[_PROXY_SETTINGS_ENV]))
+    tune_gc()
+    return app
 
 
 def _proxy_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

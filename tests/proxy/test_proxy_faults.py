@@ -266,3 +266,43 @@ async def test_two_proxies_on_one_network_store_forward_50_same_key_requests_onc
     ]
     assert len(originals) == 1
     assert len(backend.effects(key=f'"{key}"')) == 1
+
+
+def script_calls(client: Any) -> int:
+    """Script calls the server has run (EVALSHA and EVAL): the store's round trips."""
+    stats = client.info("commandstats")
+    return sum(stats.get(name, {}).get("calls", 0) for name in ("cmdstat_evalsha", "cmdstat_eval"))
+
+
+def test_a_new_key_costs_two_redis_round_trips_and_a_replay_one(
+    processes: Processes, tmp_path: Path
+) -> None:
+    """With an idle upstream connection in hand, the reservation is written committed (the
+    mark's round trip folded into it): reserve+mark, then complete. The record ends completed,
+    and a replay is one read."""
+    import redis
+
+    private = PrivateRedis(tmp_path / "redis").start()
+    try:
+        backend = processes.backend()
+        proxy = processes.proxy(backend.url, private.url)
+        inspector = redis.Redis(port=private.port)
+        with httpx.Client(timeout=10.0) as client:
+            # The first request opens the upstream connection (no idle one yet): three trips.
+            assert client.post(proxy.url + "/orders", headers=keyed("warm")).status_code == 201
+            before = script_calls(inspector)
+            keys = [str(uuid.uuid4()) for _ in range(5)]
+            for key in keys:
+                answer = client.post(proxy.url + "/orders", content=b"n", headers=keyed(key))
+                assert answer.status_code == 201 and "idempotency-replayed" not in answer.headers
+            after_new = script_calls(inspector)
+            for key in keys:
+                replay = client.post(proxy.url + "/orders", content=b"n", headers=keyed(key))
+                assert replay.headers.get("idempotency-replayed") == "true"
+            after_replay = script_calls(inspector)
+        assert after_new - before == 2 * len(keys)
+        assert after_replay - after_new == len(keys)
+        assert all(len(backend.effects(key=f'"{key}"')) == 1 for key in keys)
+        inspector.close()
+    finally:
+        private.stop()

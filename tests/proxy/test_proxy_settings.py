@@ -222,3 +222,20 @@ def test_a_missing_config_file_is_one_line(
     )
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "cannot read" in err and "nope.toml" in err
+
+
+def test_a_proxy_process_collects_young_objects_less_often() -> None:
+    """The command tunes its own process's collector (never the caller's: checked in a child)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import gc; from retrysafe.proxy.app import GC_THRESHOLD, tune_gc; "
+        "before = gc.get_threshold(); tune_gc(); "
+        "print(before != GC_THRESHOLD, gc.get_threshold() == GC_THRESHOLD, "
+        "gc.get_freeze_count() > 0)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert out.stdout.split() == ["True", "True", "True"]

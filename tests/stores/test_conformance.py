@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import threading
 
+import pytest
+
 from .conftest import Backend
 
 FP = "fingerprint-a"
@@ -230,3 +232,28 @@ async def test_delete_frees_a_key_in_any_state(backend: Backend) -> None:
     assert again.acquired
     # The old owner is fenced out of the new record.
     assert not await backend.store.complete(key, won.token, b"stale", ttl=TTL)
+
+
+async def test_a_reservation_written_committed_is_what_reserve_and_mark_leave(
+    backend: Backend,
+) -> None:
+    """``reserve_committed`` (stores that have it; the proxy's reservation with an upstream
+    connection in hand): a won key is committed at once; others meet it as committed; its token
+    completes or releases it; a key already held is not won."""
+    reserve_committed = getattr(backend.store, "reserve_committed", None)
+    if reserve_committed is None:
+        pytest.skip("optional: the proxy reserves and marks in two calls on this store")
+    key = rid(backend, "born-committed")
+    won, committed = await reserve_committed(key, FP, lease=LEASE, ttl=TTL)
+    assert committed and won.token
+    seen, seen_committed = await reserve_committed(key, FP, lease=LEASE, ttl=TTL)
+    assert not seen_committed and not seen.acquired
+    assert seen.record is not None and seen.record.committed and seen.record.lease_remaining > 0
+    await backend.advance(LEASE + 0.3)
+    after = await backend.store.reserve(key, FP, lease=LEASE, ttl=TTL)
+    assert not after.acquired  # committed: never taken over
+    assert await backend.store.complete(key, won.token, b"answer", ttl=TTL)
+    other = rid(backend, "born-committed-released")
+    freed, _ = await reserve_committed(other, FP, lease=LEASE, ttl=TTL)
+    assert freed.token and await backend.store.release(other, freed.token)
+    assert await backend.store.get(other) is None

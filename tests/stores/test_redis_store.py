@@ -116,6 +116,30 @@ async def test_records_live_under_the_prefix_with_lease_then_retention_ttl(
         check.close()
 
 
+async def test_a_reservation_written_committed_is_what_a_mark_leaves(
+    store: AsyncRedisStore, redis_url: str, prefix: str
+) -> None:
+    """``reserve_committed`` (the proxy's reservation with a connection in hand): one script
+    call leaves the record as reserve + mark_committed would; a second caller meets it as
+    committed, and the token completes or releases it as usual."""
+    check = redis.Redis.from_url(redis_url)
+    try:
+        won, committed = await store.reserve_committed("c", FP, lease=5.0, ttl=100.0)
+        assert committed and won.token
+        assert 99000 < check.pttl(prefix + "c") <= 100000  # the retention, as after a mark
+        record = await store.get("c")
+        assert record is not None and record.committed and record.state == "in_progress"
+        assert 4.0 < record.lease_remaining <= 5.0
+        other, other_committed = await store.reserve_committed("c", FP, lease=5.0, ttl=100.0)
+        assert other.record is not None and other.record.committed and not other_committed
+        assert await store.complete("c", won.token, b"body", ttl=100.0)
+        released, _ = await store.reserve_committed("r", FP, lease=5.0, ttl=100.0)
+        assert released.token and await store.release("r", released.token)
+        assert not check.exists(prefix + "r")
+    finally:
+        check.close()
+
+
 async def test_lease_remaining_comes_from_the_key_ttl(store: AsyncRedisStore) -> None:
     await store.reserve("lease", FP, lease=10.0, ttl=100.0)
     record = await store.get("lease")

@@ -323,13 +323,9 @@ class Pool:
         Raises:
             UpstreamError: no connection within ``connect_timeout`` (nothing was sent).
         """
-        now = time.monotonic()
-        idle = self._idle
-        while idle:
-            conn = idle.pop()
-            if not conn.lost and now - conn.idle_since < self.keepalive_expiry:
-                return conn
-            self._discard(conn)
+        conn = self.take_idle()
+        if conn is not None:
+            return conn
         if self._open < self.max_connections:
             return await self._connect()
         waiter: asyncio.Future[Connection | None] = self.loop.create_future()
@@ -351,6 +347,17 @@ class Pool:
         if handed is None:  # a slot was freed, not a connection
             return await self._connect()
         return handed
+
+    def take_idle(self) -> Connection | None:
+        """An idle connection still fresh enough to reuse, or ``None`` (never waits)."""
+        now = time.monotonic()
+        idle = self._idle
+        while idle:
+            conn = idle.pop()
+            if not conn.lost and now - conn.idle_since < self.keepalive_expiry:
+                return conn
+            self._discard(conn)
+        return None
 
     def release(self, conn: Connection) -> None:
         """Give a connection back after its exchange: kept when reusable, else closed."""

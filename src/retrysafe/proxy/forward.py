@@ -12,6 +12,7 @@ from urllib.parse import quote, urlsplit
 from .._core.errors import ConfigurationError
 from .._core.problems import render_problem
 from .._core.transaction import CONTEXT_SCOPE_KEY, mark_committed, outcome_known
+from ._commit import READY
 from .settings import ProxySettings
 
 if TYPE_CHECKING:
@@ -122,11 +123,15 @@ class UpstreamProxy:
         head, chunked = self._request_head(scope, body, streamed)
         protected = scope.get(CONTEXT_SCOPE_KEY) is not None
         pool = self.pool()
-        try:
-            conn = await pool.acquire()
-        except self._error as exc:
-            await self._failed(send, exc, sent=False, protected=protected)
-            return
+        ready = READY.get()
+        if ready is not None and ready.conn is not None:
+            conn, ready.conn = ready.conn, None  # taken before the reservation (see _commit)
+        else:
+            try:
+                conn = await pool.acquire()
+            except self._error as exc:
+                await self._failed(send, exc, sent=False, protected=protected)
+                return
         sent = False
         try:
             conn.start(head_request=scope["method"] == "HEAD")

@@ -114,7 +114,10 @@ class ProxySettings:
             (only behind a proxy you trust); otherwise they are replaced.
         connect_timeout: seconds to connect to the upstream (or wait for a pooled connection).
         upstream_timeout: seconds to wait for each read or write of the upstream.
-        max_connections: size of the upstream connection pool (per worker).
+        max_connections: size of the upstream connection pool (per worker): at least the
+            concurrency in front of the proxy, or requests queue in it for a connection (and,
+            on Redis, pay a third store round trip: see ``proxy/_commit.py``). Connections
+            open only when needed.
         routes: per-path policies, first match wins.
     """
 
@@ -130,7 +133,7 @@ class ProxySettings:
     trust_forwarded: bool = False
     connect_timeout: float = 5.0
     upstream_timeout: float = 60.0
-    max_connections: int = 100
+    max_connections: int = 256
     routes: tuple[RoutePolicy, ...] = field(default=())
 
     def __post_init__(self) -> None:

@@ -122,6 +122,22 @@ class AsyncRedisStore:
         op = conflict_op(self._commands, claim, first, record_id, fingerprint, lease, ttl)
         return await drive(op, self._driver)
 
+    async def reserve_committed(
+        self, record_id: str, fingerprint: str, *, lease: float, ttl: float
+    ) -> tuple[Reservation, bool]:
+        """:meth:`reserve`, and a won key is at once marked committed (as by
+        :meth:`mark_committed` with ``lease``) in the same round trip. Returns the reservation
+        and whether it was created committed (a key taken over from a dead owner is not: mark
+        it as usual)."""
+        hb = self._heartbeat
+        owned = hb is not None and (hb.fresh() or await self._start_heartbeat(hb))
+        claim = self._commands.claim(record_id, fingerprint, lease, ttl, owned, committed=True)
+        first = await self._driver.perform(claim)
+        if first[1] is None:
+            return first[0], first[0].token is not None
+        op = conflict_op(self._commands, claim, first, record_id, fingerprint, lease, ttl)
+        return await drive(op, self._driver), False
+
     async def _start_heartbeat(self, hb: Heartbeat) -> bool:
         """Start this process's heartbeat: the first SET through the store's own driver, then
         the thread renews it. Once: concurrent first requests wait for it."""

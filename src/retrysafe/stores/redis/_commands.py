@@ -296,11 +296,27 @@ class Commands:
         self.prefix = prefix
 
     def claim(
-        self, record_id: str, fingerprint: str, lease: float, ttl: float, owned: bool
+        self,
+        record_id: str,
+        fingerprint: str,
+        lease: float,
+        ttl: float,
+        owned: bool,
+        committed: bool = False,
     ) -> Call[tuple[Reservation, str | None]]:
-        """The reserve-or-read script; its reply also names the holder of a record it met."""
+        """The reserve-or-read script; its reply also names the holder of a record it met.
+        ``committed``: a won reservation is created committed (as :meth:`mark_committed`
+        leaves it, with the same lease)."""
         token = lease_token(owned)
-        args = (self.prefix + record_id, fingerprint, token, ms(min(lease, ttl)), ms(ttl))
+        args: tuple[Any, ...] = (
+            self.prefix + record_id,
+            fingerprint,
+            token,
+            ms(min(lease, ttl)),
+            ms(ttl),
+        )
+        if committed:
+            args += (max(0, round(lease * 1000)),)
         return Call(RESERVE, args, _parse_claim, token)
 
     def owner_key(self, instance: str) -> str:

@@ -423,12 +423,26 @@ class SQLiteStore:
             SQLiteBusyError: the key needs a write and another writer holds the lock (after
                 ``busy_timeout``; at once on the async face's connections, which retry).
         """
+        return self._reserve(record_id, fingerprint, lease, ttl, 0)[0]
+
+    def reserve_committed(
+        self, record_id: str, fingerprint: str, *, lease: float, ttl: float
+    ) -> tuple[Reservation, bool]:
+        """:meth:`reserve`, and a won key is at once marked committed (as by
+        :meth:`mark_committed` with ``lease``) in the same statement (the proxy's reservation
+        with an upstream connection in hand). Returns the reservation and whether it was
+        written committed (a key taken over from a dead owner is not: mark it as usual)."""
+        return self._reserve(record_id, fingerprint, lease, ttl, 2)
+
+    def _reserve(
+        self, record_id: str, fingerprint: str, lease: float, ttl: float, state: int
+    ) -> tuple[Reservation, bool]:
         if self._busy_ms:
             # This connection blocks on the lock: look first, so a key that has a record (a
             # duplicate, a replay) is answered without queueing behind another writer.
             settled = self._settled(record_id)
             if settled is not None:
-                return settled
+                return settled, False
         while True:
             now = self._clock()
             try:
@@ -436,6 +450,7 @@ class SQLiteStore:
                 params = {
                     "id": record_id,
                     "fingerprint": fingerprint,
+                    "state": state,
                     "token": token,
                     "lease_expires_at": now + lease,
                     "expires_at": now + ttl,
@@ -448,17 +463,17 @@ class SQLiteStore:
                 settled = self._settled(record_id)
                 if settled is None:
                     raise
-                return settled
+                return settled, False
             if won:
-                return Reservation(token=token)
+                return Reservation(token=token), state == 2
             row = self._run("get", {"id": record_id, "now": now}).fetchone()
             if row is not None:
                 record = self._record(row, now)
                 if record.state != "in_progress" or self._here is None:
-                    return Reservation(record=record)
+                    return Reservation(record=record), False
                 found = self._owner_check(record_id, fingerprint, record, lease, ttl, now)
                 if found is not None:
-                    return found
+                    return found, False
             # Released, purged or taken over between the statements: try again.
 
     # -- owner liveness (see retrysafe.stores.sqlite._liveness) --------------------------------
@@ -653,6 +668,19 @@ class AsyncSQLiteStore(InlineAsyncStore):
             # A duplicate queued behind the first request's reservation is answered from a
             # read as soon as that reservation commits, without waiting for its own turn.
             settled=functools.partial(self.sync._settled, record_id),
+        )
+
+    async def reserve_committed(
+        self, record_id: str, fingerprint: str, *, lease: float, ttl: float
+    ) -> tuple[Reservation, bool]:
+        """See :meth:`SQLiteStore.reserve_committed` (waits for the lock as :meth:`reserve`)."""
+        timeout = lease if self.busy_timeout is None else self.busy_timeout
+        return await retry_while_busy(
+            functools.partial(
+                self.sync.reserve_committed, record_id, fingerprint, lease=lease, ttl=ttl
+            ),
+            busy_timeout=timeout,
+            what="reserve",
         )
 
     def begin(self) -> AsyncSQLiteTransaction:

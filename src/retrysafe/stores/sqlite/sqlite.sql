@@ -20,11 +20,12 @@ CREATE INDEX IF NOT EXISTS retrysafe_records_expires_at ON retrysafe_records (ex
 -- name: reserve
 -- One statement, so one atomic step under SQLite's write lock: insert, or take over a record
 -- whose retention ended or whose lease lapsed. RETURNING yields a row only when this call won.
+-- :state is 0, or 2 for a reservation written committed (as mark_committed leaves it).
 INSERT INTO retrysafe_records (id, fingerprint, state, token, lease_expires_at, expires_at, response)
-VALUES (:id, :fingerprint, 0, :token, :lease_expires_at, :expires_at, NULL)
+VALUES (:id, :fingerprint, :state, :token, :lease_expires_at, :expires_at, NULL)
 ON CONFLICT (id) DO UPDATE SET
     fingerprint = excluded.fingerprint,
-    state = 0,
+    state = excluded.state,
     token = excluded.token,
     lease_expires_at = excluded.lease_expires_at,
     expires_at = excluded.expires_at,
