@@ -2,7 +2,7 @@
 ``dramatiq``), a real broker, a producer that sends some tasks twice, and workers SIGKILLed
 (their whole process group, as a lost container) at random points and started again.
 
-``python -m tests.tasks.crash --queue celery --broker redis --store postgres --tasks 300 --kills 10``
+``python -m tests.tasks.crash --queue celery --broker redis --store postgres --kills 10``
 prints one line per run: sends, duplicated sends, effects, duplicates, lost keys, replays, kills
 that landed, and the p50/p99 time from a key's first send to its effect. The short tests
 (``tests/tasks/test_*.py``) and ``make chaos-tasks`` call :func:`crash_run`.
@@ -11,6 +11,7 @@ that landed, and the p50/p99 time from a key's first send to its effect. The sho
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import random
 import signal
@@ -215,10 +216,8 @@ class Worker:
         )
 
     def kill(self) -> None:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         self.proc.wait()
 
     def stop(self) -> None:
@@ -227,10 +226,8 @@ class Worker:
             self.proc.wait(timeout=10)
         except (ProcessLookupError, subprocess.TimeoutExpired):
             self.kill()
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)  # children left behind
-        except ProcessLookupError:
-            pass
         self.log.close()
 
 
@@ -253,7 +250,7 @@ def _producer(setup: Setup) -> Any:
     from . import dramatiq_app
 
     def send_actor(key: str) -> None:
-        dramatiq_app.charge.send_with_options(args=(key, 100), queue_name=setup.queue)
+        dramatiq_app.charge.send(key, 100)
 
     return send_actor, dramatiq_app.broker.close
 
