@@ -247,8 +247,17 @@ _store_option = click.option(
 def _key_options(command: Callable[..., Any]) -> Callable[..., Any]:
     for option in reversed(
         [
-            click.option("--key", required=True, help="the Idempotency-Key value (unquoted)"),
-            click.option("--path", required=True, help="the request path, e.g. /orders"),
+            click.option(
+                "--key",
+                required=True,
+                help="the Idempotency-Key header's value as sent: '\"k1\"' or k1",
+            ),
+            click.option("--path", default=None, help="the request path, e.g. /orders"),
+            click.option(
+                "--function",
+                default=None,
+                help="instead of --path: the name an idempotent function's keys are scoped by",
+            ),
             click.option("--method", default="POST", show_default=True),
             click.option("--scope", default=None, help="the scope the key belongs to"),
             click.option(
@@ -275,11 +284,19 @@ def _run(command: str, store_url: str | None, *args: str) -> None:
 
 
 def _key_args(
-    key: str, path: str, method: str, scope: str | None, authorization: str | None
+    key: str,
+    path: str | None,
+    function: str | None,
+    method: str,
+    scope: str | None,
+    authorization: str | None,
 ) -> list[str]:
     if scope is not None and authorization is not None:
         raise click.UsageError("pass --scope or --authorization, not both")
-    args = ["--key", key, "--path", path, "--method", method]
+    if (path is None) == (function is None):
+        raise click.UsageError("pass --path (a request's key) or --function (a call's key)")
+    target = ["--path", path, "--method", method] if path is not None else ["--function", function]
+    args = ["--key", key, *target]
     if scope is not None:
         args += ["--scope", scope]
     if authorization is not None:
@@ -307,13 +324,14 @@ def _check(store_url: str | None) -> None:
 def _inspect(
     store_url: str | None,
     key: str,
-    path: str,
+    path: str | None,
+    function: str | None,
     method: str,
     scope: str | None,
     authorization: str | None,
 ) -> None:
     """Show the record of one key (exit 1 when there is none)."""
-    _run("inspect", store_url, *_key_args(key, path, method, scope, authorization))
+    _run("inspect", store_url, *_key_args(key, path, function, method, scope, authorization))
 
 
 @cli.command("resolve")
@@ -323,13 +341,14 @@ def _inspect(
 def _resolve(
     store_url: str | None,
     key: str,
-    path: str,
+    path: str | None,
+    function: str | None,
     method: str,
     scope: str | None,
     authorization: str | None,
     force: bool,
 ) -> None:
     """Delete the record of one key (an outcome-unknown key, after checking its effects), so
-    the next request with it runs."""
-    args = _key_args(key, path, method, scope, authorization)
+    the next request or call with it runs."""
+    args = _key_args(key, path, function, method, scope, authorization)
     _run("resolve", store_url, *args, *(["--force"] if force else []))
