@@ -8,7 +8,9 @@ store, its metrics, the settings and the data layer) is shared with the FastAPI 
 
 from __future__ import annotations
 
+import asyncio
 import functools
+import json
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -22,11 +24,13 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from .._core.config import IdempotencyConfig
+from .._core.errors import ConfigurationError
 from .._core.routes import idempotent
 from ..asgi import IdempotencyMiddleware
 from ..stores import AsyncStore, resolve_async_store
 from . import domain
 from ._async_hub import AsyncOrderHub
+from .charges import FLOWS, ChargeBook, WorkerLink, kill_mid_charge
 
 __all__ = ["OrderHubSetup", "create_app", "orderhub_setup", "problem_response"]
 
@@ -142,8 +146,66 @@ async def create_order(request: Request) -> Response:
 
 @idempotent(required=True)
 async def create_payment(request: Request) -> Response:
-    """``POST /payments``: the key is required."""
-    return await _create(request, domain.PAYMENTS)
+    """``POST /payments``: the key is required. With the worker, the payment is sent to it to
+    be charged (once: a replayed answer sends nothing)."""
+    response = await _create(request, domain.PAYMENTS)
+    worker: _Worker | None = request.app.state.worker
+    if worker is not None:
+        payment = json.loads(bytes(response.body))
+        await asyncio.to_thread(worker.link.send, "retrysafe", payment)
+    return response
+
+
+@dataclass
+class _Worker:
+    link: WorkerLink
+    book: ChargeBook
+
+
+def _worker(request: Request) -> _Worker:
+    worker: _Worker | None = request.app.state.worker
+    if worker is None:
+        raise domain.Problem(
+            404, "No worker", "This OrderHub runs without its Celery worker.", slug="not-found"
+        )
+    return worker
+
+
+def _flow(request: Request) -> str:
+    flow = request.query_params.get("flow", "retrysafe")
+    if flow not in FLOWS:
+        raise domain.Problem.bad_query("flow", f"flow must be one of {', '.join(FLOWS)}.")
+    return flow
+
+
+async def charges(request: Request) -> Response:
+    """``GET /charges``: each payment's charges and the runs of its charge task, counted in the
+    database."""
+    worker = _worker(request)
+    summary = await asyncio.to_thread(worker.book.summary)
+    return JSONResponse({"broker": worker.link.broker, **summary})
+
+
+async def charge_again(request: Request) -> Response:
+    """``POST /payments/<id>/charge``: send the payment's charge task again (a producer that
+    sends twice; ``?flow=plain``: the task without retrysafe)."""
+    worker, flow = _worker(request), _flow(request)
+    payment = await asyncio.to_thread(worker.book.payment, request.path_params["record_id"])
+    if payment is None:
+        raise domain.Problem.not_found(domain.PAYMENTS)
+    task_id = await asyncio.to_thread(worker.link.send, flow, payment)
+    return JSONResponse({"payment_id": payment["id"], "flow": flow, "task_id": task_id}, 202)
+
+
+async def kill_worker(request: Request) -> Response:
+    """``POST /worker/kill?flow=retrysafe|plain``: a new payment, its charge task, and a SIGKILL
+    of the worker process running it right after it wrote the charge."""
+    worker, flow = _worker(request), _flow(request)
+    try:
+        killed = await asyncio.to_thread(kill_mid_charge, worker.book, worker.link, flow)
+    except ConfigurationError as exc:
+        raise domain.Problem(409, "Cannot kill the worker", str(exc), slug="no-worker") from exc
+    return JSONResponse(killed, 202)
 
 
 async def listing(request: Request, kind: domain.Kind) -> Response:
@@ -162,8 +224,11 @@ async def detail(request: Request, kind: domain.Kind) -> Response:
 
 
 async def reset(request: Request) -> Response:
-    """``POST /reset``: delete every order and payment (the page's "Reset demo")."""
+    """``POST /reset``: delete every order and payment (the page's "Reset demo"), and every
+    charge and task run."""
     await _hub(request).reset()
+    if request.app.state.worker is not None:
+        await asyncio.to_thread(request.app.state.worker.book.reset)
     return Response(status_code=204)
 
 
@@ -182,6 +247,7 @@ def create_app(
     ttl: float = 24 * 3600.0,
     lease: float = 30.0,
     transactional: bool | None = None,
+    worker: WorkerLink | None = None,
 ) -> Starlette:
     """Build OrderHub on Starlette.
 
@@ -192,6 +258,9 @@ def create_app(
         lease: lease of in-progress records, seconds.
         transactional: commit orders together with the stored responses; by default on when
             the orders live in the store's own SQL database.
+        worker: the Celery worker that charges payments (``retrysafe demo`` starts it): each
+            new payment is sent to it, and ``GET /charges``, ``POST /payments/<id>/charge``
+            and ``POST /worker/kill`` are served.
 
     Returns:
         The ASGI app.
@@ -209,11 +278,19 @@ def create_app(
     ]
     if setup.metrics:
         routes.append(Route("/metrics", metrics, methods=["GET"]))
+    routes += [
+        Route("/charges", charges, methods=["GET"]),
+        Route("/payments/{record_id:int}/charge", charge_again, methods=["POST"]),
+        Route("/worker/kill", kill_worker, methods=["POST"]),
+    ]
+    book = None if worker is None else ChargeBook(setup.hub.url)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         yield
         await setup.hub.aclose()
+        if book is not None:
+            book.close()
 
     app = Starlette(
         routes=routes,
@@ -231,4 +308,5 @@ def create_app(
     )
     app.state.orderhub = setup.hub
     app.state.page = setup.page
+    app.state.worker = None if worker is None or book is None else _Worker(worker, book)
     return app
