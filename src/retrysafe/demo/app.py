@@ -183,7 +183,8 @@ async def charges(request: Request) -> Response:
     database."""
     worker = _worker(request)
     summary = await asyncio.to_thread(worker.book.summary)
-    return JSONResponse({"broker": worker.link.broker, **summary})
+    link = worker.link
+    return JSONResponse({"broker": link.broker, "worker_pid": link.worker_pid, **summary})
 
 
 async def charge_again(request: Request) -> Response:
@@ -307,6 +308,11 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.orderhub = setup.hub
-    app.state.page = setup.page
+    # The page shows the worker's panel only when there is a worker.
+    app.state.page = (
+        setup.page.replace(b'data-worker="off"', b'data-worker="on"', 1)
+        if book is not None
+        else setup.page
+    )
     app.state.worker = None if worker is None or book is None else _Worker(worker, book)
     return app
