@@ -58,9 +58,10 @@ def _settled(
     deadline = time.monotonic() + timeout
     while True:
         entry = _entry(server, payment_id, flow)
-        if entry is not None and len(entry["runs"]) >= runs:
-            if all(run["outcome"] != "running" for run in entry["runs"]):
-                return entry
+        runs_now = [] if entry is None else entry["runs"]
+        finished = all(run["outcome"] != "running" for run in runs_now)
+        if entry is not None and len(runs_now) >= runs and finished:
+            return entry
         assert time.monotonic() < deadline, (entry, server.log_text()[-4000:])
         time.sleep(0.2)
 
