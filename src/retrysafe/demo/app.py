@@ -184,7 +184,8 @@ async def charges(request: Request) -> Response:
     worker = _worker(request)
     summary = await asyncio.to_thread(worker.book.summary)
     link = worker.link
-    return JSONResponse({"broker": link.broker, "worker_pid": link.worker_pid, **summary})
+    broker = domain.shown_url(link.broker)  # a password in a broker URL is not shown
+    return JSONResponse({"broker": broker, "worker_pid": link.worker_pid, **summary})
 
 
 async def charge_again(request: Request) -> Response:
