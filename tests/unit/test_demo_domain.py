@@ -184,7 +184,8 @@ def test_importing_the_demo_and_building_the_command_loads_no_framework() -> Non
     code = (
         "import sys, retrysafe.demo, retrysafe.demo.domain, retrysafe.demo.serve, retrysafe.cli\n"
         "retrysafe.cli.build_parser()\n"
-        "names = ('starlette', 'fastapi', 'flask', 'django', 'pydantic', 'uvicorn', 'gunicorn')\n"
+        "names = ('starlette', 'fastapi', 'flask', 'django', 'pydantic', 'uvicorn', 'gunicorn',\n"
+        "         'celery', 'kombu')\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in names))"
     )
     result = subprocess.run(
