@@ -128,6 +128,22 @@ class Setup:
             "TASKS_PREFIX": f"tasks_{self.id}:",
         }
         self.broker = broker
+        if plan.store == "django":
+            self.schema = f"tasks_dj_{self.id}"
+            self.table = f"{self.schema}.tasks_fx_{self.id}"
+            self.env["TASKS_TABLE"] = self.table
+            self.env["TASKS_DJANGO_SCHEMA"] = self.schema
+            import psycopg
+
+            with psycopg.connect(PG, autocommit=True) as conn:
+                conn.execute(f"CREATE SCHEMA {self.schema}")
+            env = {**self.env, "DJANGO_SETTINGS_MODULE": "tests.tasks.django_settings"}
+            subprocess.run(
+                [sys.executable, "-m", "django", "migrate", "--noinput", "-v", "0"],
+                cwd=ROOT,
+                env=env,
+                check=True,
+            )
         if plan.store == "sqlite":
             with sqlite3.connect(self.sqlite) as conn:
                 conn.execute(f"CREATE TABLE {self.table} (key TEXT, pid INT, at REAL)")
@@ -159,6 +175,7 @@ class Setup:
             with psycopg.connect(PG, autocommit=True) as conn:
                 conn.execute(f"DROP TABLE IF EXISTS {self.table}")
                 conn.execute(f"DROP TABLE IF EXISTS tasks_rec_{self.id}")
+                conn.execute(f"DROP SCHEMA IF EXISTS tasks_dj_{self.id} CASCADE")
         except Exception:
             pass
         if self.plan.broker == "rabbitmq":
