@@ -35,6 +35,11 @@ app.conf.update(
     broker_transport_options={
         "visibility_timeout": float(os.environ.get("TASKS_VT", "3600")),
         "global_keyprefix": os.environ.get("TASKS_PREFIX", "tasks_"),
+        # kombu sweeps for messages to restore every interval x throttle seconds (default 100 s,
+        # whatever the visibility_timeout) under a mutex that a killed worker keeps for 300 s.
+        "unacked_restore_interval": 1,
+        "unacked_restore_throttle": 1,
+        "unacked_mutex_expire": 5,
     },
     worker_hijack_root_logger=False,
     task_time_limit=30,

@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
-PG = os.environ.get("TASKS_PG", "postgresql://postgres@127.0.0.1:5432/test")
-REDIS = os.environ.get("TASKS_REDIS", "redis://127.0.0.1:6379/0")
-AMQP = os.environ.get("TASKS_AMQP", "amqp://guest:guest@127.0.0.1:5672//")
+PG = os.environ.get("RETRYSAFE_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
+REDIS = os.environ.get("RETRYSAFE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+AMQP = os.environ.get("RETRYSAFE_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2F")
 
 
 @dataclass
@@ -58,6 +58,7 @@ class Outcome:
     effects: int = 0
     keys: int = 0
     replays: int = 0
+    unknown: int = 0
     kills: int = 0
     seconds: float = 0.0
     latencies: list[float] = field(default_factory=list)
@@ -81,8 +82,8 @@ class Outcome:
         return (
             f"{p.queue:8} {p.broker:8} {p.store:8} tasks={p.tasks} sends={self.sends} "
             f"kills={self.kills} effects={self.effects} duplicates={self.duplicates} "
-            f"lost={self.lost} replays={self.replays} p50={self.percentile(50):.2f}s "
-            f"p99={self.percentile(99):.2f}s run={self.seconds:.1f}s"
+            f"lost={self.lost} replays={self.replays} unknown={self.unknown} "
+            f"p50={self.percentile(50):.2f}s p99={self.percentile(99):.2f}s run={self.seconds:.1f}s"
         )
 
 
@@ -127,6 +128,22 @@ class Setup:
             "TASKS_PREFIX": f"tasks_{self.id}:",
         }
         self.broker = broker
+        if plan.store == "django":
+            self.schema = f"tasks_dj_{self.id}"
+            self.table = f"{self.schema}.tasks_fx_{self.id}"
+            self.env["TASKS_TABLE"] = self.table
+            self.env["TASKS_DJANGO_SCHEMA"] = self.schema
+            import psycopg
+
+            with psycopg.connect(PG, autocommit=True) as conn:
+                conn.execute(f"CREATE SCHEMA {self.schema}")
+            env = {**self.env, "DJANGO_SETTINGS_MODULE": "tests.tasks.django_settings"}
+            subprocess.run(
+                [sys.executable, "-m", "django", "migrate", "--noinput", "-v", "0"],
+                cwd=ROOT,
+                env=env,
+                check=True,
+            )
         if plan.store == "sqlite":
             with sqlite3.connect(self.sqlite) as conn:
                 conn.execute(f"CREATE TABLE {self.table} (key TEXT, pid INT, at REAL)")
@@ -148,8 +165,8 @@ class Setup:
     def events_count(self) -> int:
         return len(self.events.read_text().splitlines())
 
-    def replays(self) -> int:
-        return self.events.read_text().split().count("replayed")
+    def count(self, event: str) -> int:
+        return self.events.read_text().split().count(event)
 
     def drop(self) -> None:
         try:
@@ -158,15 +175,14 @@ class Setup:
             with psycopg.connect(PG, autocommit=True) as conn:
                 conn.execute(f"DROP TABLE IF EXISTS {self.table}")
                 conn.execute(f"DROP TABLE IF EXISTS tasks_rec_{self.id}")
+                conn.execute(f"DROP SCHEMA IF EXISTS tasks_dj_{self.id} CASCADE")
         except Exception:
             pass
         if self.plan.broker == "rabbitmq":
             try:
                 import pika
 
-                conn = pika.BlockingConnection(
-                    pika.URLParameters("amqp://guest:guest@127.0.0.1:5672/%2F")
-                )
+                conn = pika.BlockingConnection(pika.URLParameters(AMQP))
                 channel = conn.channel()
                 for name in (self.queue, f"{self.queue}.DQ", f"{self.queue}.XQ"):
                     channel.queue_delete(queue=name)
@@ -245,14 +261,34 @@ def _producer(setup: Setup) -> Any:
         def send(key: str) -> None:
             app.send_task("tasks.charge", args=(key, 100), queue=setup.queue)
 
-        return send, app.close
-    os.environ.update({k: v for k, v in setup.env.items() if k.startswith("TASKS_")})
-    from . import dramatiq_app
+        def close_app() -> None:
+            app.pool.force_close_all()
+            app.close()
 
-    def send_actor(key: str) -> None:
-        dramatiq_app.charge.send(key, 100)
+        return send, close_app
+    import dramatiq
 
-    return send_actor, dramatiq_app.broker.close
+    if plan.broker == "redis":
+        from dramatiq.brokers.redis import RedisBroker
+
+        broker: Any = RedisBroker(url=setup.broker, namespace=setup.env["TASKS_PREFIX"].rstrip(":"))
+    else:
+        from dramatiq.brokers.rabbitmq import RabbitmqBroker
+
+        broker = RabbitmqBroker(url=setup.broker)
+    broker.declare_queue(setup.queue)
+
+    def send_message(key: str) -> None:
+        message = dramatiq.Message(
+            queue_name=setup.queue,
+            actor_name="tasks_charge",
+            args=(key, 100),
+            kwargs={},
+            options={},
+        )
+        broker.enqueue(message)
+
+    return send_message, broker.close
 
 
 def crash_run(plan: Plan, tmp: Path) -> Outcome:
@@ -302,6 +338,8 @@ def crash_run(plan: Plan, tmp: Path) -> Outcome:
                 last, quiet_since = len(rows), time.monotonic()
             if done and time.monotonic() - quiet_since > 1.0:
                 break
+            if len({k for k, _ in rows}) == plan.tasks and time.monotonic() - quiet_since > 10:
+                break  # every key's effect is there; a send left unanswered is not re-run
             if plan.store == "none" and time.monotonic() - quiet_since > 15:
                 break  # the control: what has not happened by now is lost
             time.sleep(0.25)
@@ -312,7 +350,8 @@ def crash_run(plan: Plan, tmp: Path) -> Outcome:
         outcome.effects = len(rows)
         outcome.keys = len(first)
         outcome.latencies = [first[k] - sent_at[k] for k in first]
-        outcome.replays = setup.replays()
+        outcome.replays = setup.count("replayed")
+        outcome.unknown = setup.count("outcome_unknown")
         outcome.seconds = time.monotonic() - started
         return outcome
     finally:

@@ -26,7 +26,7 @@ if BROKER.startswith("redis"):
 else:
     from dramatiq.brokers.rabbitmq import RabbitmqBroker
 
-    broker = RabbitmqBroker(url=BROKER[:-1] + "%2F" if BROKER.endswith("//") else BROKER)
+    broker = RabbitmqBroker(url=BROKER)
 
 if STORE != "none":
     broker.add_middleware(

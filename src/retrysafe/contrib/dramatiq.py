@@ -41,16 +41,21 @@ from ..stores import Store
 from ._tasks import KEY_HEADER, Redelivery, TaskFunction, redelivery_warnings, warn_once
 
 try:
-    from dramatiq.middleware import Middleware, SkipMessage
+    from dramatiq.middleware import Middleware, MiddlewareError, SkipMessage
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError(
         "retrysafe.contrib.dramatiq needs: pip install 'retrysafe[dramatiq]'"
     ) from exc
 
-__all__ = ["KEY_HEADER", "Idempotency", "idempotency_key"]
+__all__ = ["KEY_HEADER", "ActorConfigurationError", "Idempotency", "idempotency_key"]
 
 #: What ``idempotent=`` may hold besides the call options.
 _SPEC_OPTIONS = ("store", "key", "name", "fingerprint", "codec", "final", "config")
+
+
+class ActorConfigurationError(ConfigurationError, MiddlewareError):
+    """A bad ``idempotent=`` option: a :class:`~retrysafe.ConfigurationError` that Dramatiq
+    lets through when an actor is declared (it logs and drops other middleware errors)."""
 
 
 def idempotency_key(key: str | int) -> dict[str, Any]:
@@ -95,9 +100,19 @@ class Idempotency(Middleware):
         """``idempotent``: ``True`` or a dict of options."""
         return {"idempotent"}
 
-    def after_declare_actor(self, broker: Any, actor: Any) -> None:
+    def before_declare_actor(self, broker: Any, actor: Any) -> None:
         """Wrap an idempotent actor's function in its keyed run (the function is called by
-        the actor as before; only the delivery's outcome changes)."""
+        the actor as before; only the delivery's outcome changes).
+
+        Raises:
+            ActorConfigurationError: a bad option, named (the actor is not declared).
+        """
+        try:
+            self._declare(broker, actor)
+        except ConfigurationError as exc:
+            raise ActorConfigurationError(str(exc), option=exc.option) from exc
+
+    def _declare(self, broker: Any, actor: Any) -> None:
         spec = actor.options.get("idempotent")
         if not spec:
             return
