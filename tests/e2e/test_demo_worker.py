@@ -130,22 +130,32 @@ def test_unknown_flow_and_payment_are_problems(hub: DemoServer) -> None:
     assert missing.status_code == 404
 
 
-def test_stopping_the_demo_stops_its_worker(
-    demo_servers: Callable[..., DemoServer], tmp_path: Path
+def _gone(pid: int, timeout: float = 15.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+@pytest.mark.parametrize("how", ["terminate", "sigkill"])
+def test_the_worker_never_outlives_the_demo(
+    demo_servers: Callable[..., DemoServer], tmp_path: Path, how: str
 ) -> None:
+    """Stopped, ``retrysafe demo`` stops its worker; SIGKILLed (no cleanup runs), the worker
+    notices that its parent is gone and stops by itself."""
     server = demo_servers(f"sqlite:///{tmp_path}/store.db", worker=True)
     worker_pid = _charges(server)["worker_pid"]
     assert isinstance(worker_pid, int)
     os.kill(worker_pid, 0)  # alive
-    server.stop()
-    deadline = time.monotonic() + 15
-    while True:
-        try:
-            os.kill(worker_pid, 0)
-        except ProcessLookupError:
-            break
-        assert time.monotonic() < deadline, "the worker outlived retrysafe demo"
-        time.sleep(0.1)
+    if how == "terminate":
+        server.stop()
+    else:
+        server.kill()
+    assert _gone(worker_pid), f"the worker outlived retrysafe demo ({how})"
 
 
 def test_without_the_worker_the_charges_routes_say_so(
