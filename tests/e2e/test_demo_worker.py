@@ -165,3 +165,16 @@ def test_without_the_worker_the_charges_routes_say_so(
     response = httpx.get(server.url + "/charges", timeout=10)
     assert response.status_code == 404
     assert response.headers["content-type"] == "application/problem+json"
+
+
+def test_the_fastapi_orderhub_sends_its_payments_to_the_worker_too(
+    demo_servers: Callable[..., DemoServer], tmp_path: Path
+) -> None:
+    server = demo_servers(
+        f"sqlite:///{tmp_path}/store.db", worker=True, extra_args=("--framework", "fastapi")
+    )
+    payment_id = _pay(server, '"fastapi-pay"').json()["id"]
+    entry = _settled(server, payment_id, "retrysafe", runs=1)
+    assert entry["charges"] == 1 and entry["runs"][0]["outcome"] == "charged"
+    spec = httpx.get(server.url + "/openapi.json", timeout=10).json()
+    assert "/charges" not in spec["paths"]  # the demo's own controls, not the API

@@ -32,7 +32,17 @@ from . import domain
 from ._async_hub import AsyncOrderHub
 from .charges import FLOWS, ChargeBook, WorkerLink, kill_mid_charge
 
-__all__ = ["OrderHubSetup", "create_app", "orderhub_setup", "problem_response"]
+__all__ = [
+    "WORKER_ROUTES",
+    "OrderHubSetup",
+    "add_worker",
+    "charge_new_payment",
+    "close_worker",
+    "create_app",
+    "orderhub_setup",
+    "problem_response",
+    "reset_charges",
+]
 
 
 @functools.cache
@@ -149,11 +159,15 @@ async def create_payment(request: Request) -> Response:
     """``POST /payments``: the key is required. With the worker, the payment is sent to it to
     be charged (once: a replayed answer sends nothing)."""
     response = await _create(request, domain.PAYMENTS)
+    await charge_new_payment(request, json.loads(bytes(response.body)))
+    return response
+
+
+async def charge_new_payment(request: Request, payment: dict[str, Any]) -> None:
+    """Send a new payment to the worker to be charged (nothing without a worker)."""
     worker: _Worker | None = request.app.state.worker
     if worker is not None:
-        payment = json.loads(bytes(response.body))
         await asyncio.to_thread(worker.link.send, "retrysafe", payment)
-    return response
 
 
 @dataclass
@@ -229,9 +243,40 @@ async def reset(request: Request) -> Response:
     """``POST /reset``: delete every order and payment (the page's "Reset demo"), and every
     charge and task run."""
     await _hub(request).reset()
-    if request.app.state.worker is not None:
-        await asyncio.to_thread(request.app.state.worker.book.reset)
+    await reset_charges(request)
     return Response(status_code=204)
+
+
+async def reset_charges(request: Request) -> None:
+    """Delete every charge and task run (nothing without a worker)."""
+    worker: _Worker | None = request.app.state.worker
+    if worker is not None:
+        await asyncio.to_thread(worker.book.reset)
+
+
+#: The worker's routes: (path, endpoint, method). Without a worker they answer 404 problems.
+WORKER_ROUTES = [
+    ("/charges", charges, "GET"),
+    ("/payments/{record_id:int}/charge", charge_again, "POST"),
+    ("/worker/kill", kill_worker, "POST"),
+]
+
+
+def add_worker(app: Starlette, worker: WorkerLink | None, db_url: str, page: bytes) -> None:
+    """Give an ASGI OrderHub (Starlette or FastAPI) its worker: the routes, the charges book
+    (``app.state.worker``) and the page, whose worker panel shows only with a worker."""
+    for path, endpoint, method in WORKER_ROUTES:
+        app.router.add_route(path, endpoint, methods=[method], include_in_schema=False)
+    app.state.worker = None if worker is None else _Worker(worker, ChargeBook(db_url))
+    on = page.replace(b'data-worker="off"', b'data-worker="on"', 1)
+    app.state.page = page if worker is None else on
+
+
+async def close_worker(app: Starlette) -> None:
+    """Release the charges book's connections."""
+    worker: _Worker | None = app.state.worker
+    if worker is not None:
+        worker.book.close()
 
 
 async def metrics(request: Request) -> Response:
@@ -280,19 +325,12 @@ def create_app(
     ]
     if setup.metrics:
         routes.append(Route("/metrics", metrics, methods=["GET"]))
-    routes += [
-        Route("/charges", charges, methods=["GET"]),
-        Route("/payments/{record_id:int}/charge", charge_again, methods=["POST"]),
-        Route("/worker/kill", kill_worker, methods=["POST"]),
-    ]
-    book = None if worker is None else ChargeBook(setup.hub.url)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         yield
         await setup.hub.aclose()
-        if book is not None:
-            book.close()
+        await close_worker(app)
 
     app = Starlette(
         routes=routes,
@@ -309,11 +347,5 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.orderhub = setup.hub
-    # The page shows the worker's panel only when there is a worker.
-    app.state.page = (
-        setup.page.replace(b'data-worker="off"', b'data-worker="on"', 1)
-        if book is not None
-        else setup.page
-    )
-    app.state.worker = None if worker is None or book is None else _Worker(worker, book)
+    add_worker(app, worker, setup.hub.url, setup.page)
     return app
