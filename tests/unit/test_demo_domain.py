@@ -203,3 +203,17 @@ def test_the_django_orderhub_s_migrations_match_its_models(tmp_path: Path) -> No
     command = [sys.executable, "-m", "django", "makemigrations", "--check", "--dry-run", "orderhub"]
     result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_worker_s_broker_is_a_folder_unless_a_url_names_one(tmp_path: Path) -> None:
+    from retrysafe.demo.charges import DEFAULT_BROKER, broker_options, worker_command
+
+    assert DEFAULT_BROKER.startswith("filesystem://")
+    url, options = broker_options(f"filesystem://{tmp_path}/broker")
+    assert url == "filesystem://"
+    assert options["data_folder_in"] == options["data_folder_out"] == f"{tmp_path}/broker/queue"
+    assert (tmp_path / "broker" / "queue").is_dir() and (tmp_path / "broker" / "control").is_dir()
+    assert broker_options("redis://127.0.0.1:6379/1") == ("redis://127.0.0.1:6379/1", {})
+    command = worker_command()
+    assert command[1:6] == ["-m", "celery", "-A", "retrysafe.demo.worker", "worker"]
+    assert command[command.index("--pool") + 1] == "prefork"
