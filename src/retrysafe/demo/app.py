@@ -24,13 +24,12 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from .._core.config import IdempotencyConfig
-from .._core.errors import ConfigurationError
 from .._core.routes import idempotent
 from ..asgi import IdempotencyMiddleware
 from ..stores import AsyncStore, resolve_async_store
 from . import domain
 from ._async_hub import AsyncOrderHub
-from .charges import FLOWS, ChargeBook, WorkerLink, kill_mid_charge
+from .charges import WorkerDesk, WorkerLink
 
 __all__ = [
     "WORKER_ROUTES",
@@ -165,63 +164,37 @@ async def create_payment(request: Request) -> Response:
 
 async def charge_new_payment(request: Request, payment: dict[str, Any]) -> None:
     """Send a new payment to the worker to be charged (nothing without a worker)."""
-    worker: _Worker | None = request.app.state.worker
-    if worker is not None:
-        await asyncio.to_thread(worker.link.send, "retrysafe", payment)
+    desk: WorkerDesk | None = request.app.state.worker
+    if desk is not None:
+        await asyncio.to_thread(desk.charge_new, payment)
 
 
-@dataclass
-class _Worker:
-    link: WorkerLink
-    book: ChargeBook
-
-
-def _worker(request: Request) -> _Worker:
-    worker: _Worker | None = request.app.state.worker
-    if worker is None:
-        raise domain.Problem(
-            404, "No worker", "This OrderHub runs without its Celery worker.", slug="not-found"
-        )
-    return worker
-
-
-def _flow(request: Request) -> str:
-    flow = request.query_params.get("flow", "retrysafe")
-    if flow not in FLOWS:
-        raise domain.Problem.bad_query("flow", f"flow must be one of {', '.join(FLOWS)}.")
-    return flow
+def _desk(request: Request) -> WorkerDesk:
+    desk: WorkerDesk | None = request.app.state.worker
+    if desk is None:
+        raise WorkerDesk.missing()
+    return desk
 
 
 async def charges(request: Request) -> Response:
     """``GET /charges``: each payment's charges and the runs of its charge task, counted in the
     database."""
-    worker = _worker(request)
-    summary = await asyncio.to_thread(worker.book.summary)
-    link = worker.link
-    broker = domain.shown_url(link.broker)  # a password in a broker URL is not shown
-    return JSONResponse({"broker": broker, "worker_pid": link.worker_pid, **summary})
+    return JSONResponse(await asyncio.to_thread(_desk(request).charges))
 
 
 async def charge_again(request: Request) -> Response:
     """``POST /payments/<id>/charge``: send the payment's charge task again (a producer that
     sends twice; ``?flow=plain``: the task without retrysafe)."""
-    worker, flow = _worker(request), _flow(request)
-    payment = await asyncio.to_thread(worker.book.payment, request.path_params["record_id"])
-    if payment is None:
-        raise domain.Problem.not_found(domain.PAYMENTS)
-    task_id = await asyncio.to_thread(worker.link.send, flow, payment)
-    return JSONResponse({"payment_id": payment["id"], "flow": flow, "task_id": task_id}, 202)
+    desk, flow = _desk(request), request.query_params.get("flow")
+    sent = await asyncio.to_thread(desk.charge_again, request.path_params["record_id"], flow)
+    return JSONResponse(sent, 202)
 
 
 async def kill_worker(request: Request) -> Response:
     """``POST /worker/kill?flow=retrysafe|plain``: a new payment, its charge task, and a SIGKILL
     of the worker process running it right after it wrote the charge."""
-    worker, flow = _worker(request), _flow(request)
-    try:
-        killed = await asyncio.to_thread(kill_mid_charge, worker.book, worker.link, flow)
-    except ConfigurationError as exc:
-        raise domain.Problem(409, "Cannot kill the worker", str(exc), slug="no-worker") from exc
-    return JSONResponse(killed, 202)
+    desk, flow = _desk(request), request.query_params.get("flow")
+    return JSONResponse(await asyncio.to_thread(desk.kill, flow), 202)
 
 
 async def listing(request: Request, kind: domain.Kind) -> Response:
@@ -249,9 +222,9 @@ async def reset(request: Request) -> Response:
 
 async def reset_charges(request: Request) -> None:
     """Delete every charge and task run (nothing without a worker)."""
-    worker: _Worker | None = request.app.state.worker
-    if worker is not None:
-        await asyncio.to_thread(worker.book.reset)
+    desk: WorkerDesk | None = request.app.state.worker
+    if desk is not None:
+        await asyncio.to_thread(desk.reset)
 
 
 #: The worker's routes: (path, endpoint, method). Without a worker they answer 404 problems.
@@ -263,20 +236,20 @@ WORKER_ROUTES = [
 
 
 def add_worker(app: Starlette, worker: WorkerLink | None, db_url: str, page: bytes) -> None:
-    """Give an ASGI OrderHub (Starlette or FastAPI) its worker: the routes, the charges book
-    (``app.state.worker``) and the page, whose worker panel shows only with a worker."""
+    """Give an ASGI OrderHub (Starlette or FastAPI) its worker: the routes, the
+    :class:`~retrysafe.demo.charges.WorkerDesk` (``app.state.worker``) and the page, whose
+    worker panel shows only with a worker."""
     for path, endpoint, method in WORKER_ROUTES:
         app.router.add_route(path, endpoint, methods=[method], include_in_schema=False)
-    app.state.worker = None if worker is None else _Worker(worker, ChargeBook(db_url))
-    on = page.replace(b'data-worker="off"', b'data-worker="on"', 1)
-    app.state.page = page if worker is None else on
+    app.state.worker = None if worker is None else WorkerDesk(worker, db_url)
+    app.state.page = WorkerDesk.page(page, worker is not None)
 
 
 async def close_worker(app: Starlette) -> None:
-    """Release the charges book's connections."""
-    worker: _Worker | None = app.state.worker
-    if worker is not None:
-        worker.book.close()
+    """Release the worker desk's connections."""
+    desk: WorkerDesk | None = app.state.worker
+    if desk is not None:
+        desk.close()
 
 
 async def metrics(request: Request) -> Response:

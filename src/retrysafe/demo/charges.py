@@ -30,7 +30,7 @@ from typing import Any
 
 from .._core.errors import ConfigurationError
 from ._drivers import Psycopg, SyncSQLite, open_driver, record
-from .domain import PAYMENTS, default_db_url
+from .domain import PAYMENTS, Problem, default_db_url, shown_url
 
 __all__ = [
     "CHARGE_TASKS",
@@ -39,6 +39,7 @@ __all__ = [
     "FLOWS",
     "HOLD_MS",
     "ChargeBook",
+    "WorkerDesk",
     "WorkerLink",
     "broker_options",
     "kill_mid_charge",
@@ -248,6 +249,92 @@ class ChargeBook:
     def close(self) -> None:
         """Release the database connections."""
         self._driver.close()
+
+
+class WorkerDesk:
+    """What every OrderHub front does with its worker, framework-free (sync: the ASGI apps call
+    it from a thread): each method is one route's work, its bad input a domain
+    :class:`~retrysafe.demo.domain.Problem`.
+
+    Args:
+        link: the broker and the worker process.
+        db_url: the OrderHub database (``--db``).
+    """
+
+    def __init__(self, link: WorkerLink, db_url: str) -> None:
+        self.link = link
+        self.book = ChargeBook(db_url)
+
+    @staticmethod
+    def flow(raw: str | None) -> str:
+        """``?flow=`` (default ``retrysafe``).
+
+        Raises:
+            Problem: ``400``, not a flow.
+        """
+        flow = raw or "retrysafe"
+        if flow not in FLOWS:
+            raise Problem.bad_query("flow", f"flow must be one of {', '.join(FLOWS)}.")
+        return flow
+
+    def charge_new(self, payment: dict[str, Any]) -> None:
+        """Send a payment just created to be charged (the retrysafe task)."""
+        self.link.send("retrysafe", payment)
+
+    def charges(self) -> dict[str, Any]:
+        """``GET /charges``: totals, and each payment's charges and task runs (from the
+        database), the broker (its password hidden) and the worker's process."""
+        summary = self.book.summary()
+        return {
+            "broker": shown_url(self.link.broker),
+            "worker_pid": self.link.worker_pid,
+            **summary,
+        }
+
+    def charge_again(self, payment_id: int, flow: str | None) -> dict[str, Any]:
+        """``POST /payments/<id>/charge``: send the payment's charge task again.
+
+        Raises:
+            Problem: ``400`` a bad flow; ``404`` no such payment.
+        """
+        chosen = self.flow(flow)
+        payment = self.book.payment(payment_id)
+        if payment is None:
+            raise Problem.not_found(PAYMENTS)
+        task_id = self.link.send(chosen, payment)
+        return {"payment_id": payment["id"], "flow": chosen, "task_id": task_id}
+
+    def kill(self, flow: str | None) -> dict[str, Any]:
+        """``POST /worker/kill``: :func:`kill_mid_charge`.
+
+        Raises:
+            Problem: ``400`` a bad flow; ``409`` nothing to kill.
+        """
+        chosen = self.flow(flow)
+        try:
+            return kill_mid_charge(self.book, self.link, chosen)
+        except ConfigurationError as exc:
+            raise Problem(409, "Cannot kill the worker", str(exc), slug="no-worker") from exc
+
+    def reset(self) -> None:
+        """Delete every charge and run."""
+        self.book.reset()
+
+    def close(self) -> None:
+        """Release the database connections."""
+        self.book.close()
+
+    @staticmethod
+    def missing() -> Problem:
+        """The answer of a worker route when this OrderHub runs without its worker (``404``)."""
+        return Problem(
+            404, "No worker", "This OrderHub runs without its Celery worker.", slug="not-found"
+        )
+
+    @staticmethod
+    def page(page: bytes, worker: bool) -> bytes:
+        """The page, its worker panel on when there is a worker."""
+        return page.replace(b'data-worker="off"', b'data-worker="on"', 1) if worker else page
 
 
 def kill_mid_charge(

@@ -18,7 +18,7 @@ from .charges import WorkerLink, run_worker
 __all__ = ["SERVERS", "WORKER_FRAMEWORKS", "serve_asgi", "worker", "worker_link"]
 
 #: The frameworks whose OrderHub sends each payment to the Celery worker (``GET /charges``).
-WORKER_FRAMEWORKS = ("starlette", "fastapi")
+WORKER_FRAMEWORKS = ("starlette", "fastapi", "flask")
 
 
 def worker_link(args: argparse.Namespace) -> WorkerLink | None:
