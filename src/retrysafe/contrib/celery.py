@@ -53,7 +53,7 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError("retrysafe.contrib.celery needs: pip install 'retrysafe[celery]'") from exc
 
-__all__ = ["KEY_HEADER", "check_worker", "idempotency_key", "idempotent_task"]
+__all__ = ["check_worker", "idempotency_key", "idempotent_task"]
 
 P = ParamSpec("P")
 R = TypeVar("R")

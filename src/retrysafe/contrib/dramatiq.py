@@ -47,7 +47,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
         "retrysafe.contrib.dramatiq needs: pip install 'retrysafe[dramatiq]'"
     ) from exc
 
-__all__ = ["KEY_HEADER", "ActorConfigurationError", "Idempotency", "idempotency_key"]
+__all__ = ["ActorConfigurationError", "Idempotency", "idempotency_key"]
 
 #: What ``idempotent=`` may hold besides the call options.
 _SPEC_OPTIONS = ("store", "key", "name", "fingerprint", "codec", "final", "config")
