@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit package matrix chaos bench clean services unasync docs
+.PHONY: demo test lint typecheck unit package matrix chaos chaos-tasks bench clean services unasync docs
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -83,6 +83,12 @@ bench: $(BENCH_STAMP)
 
 chaos: $(STAMP)
 	$(BIN)/pytest -m chaos $(PYTEST_ARGS)
+
+# The task queues' long crash runs alone: Celery (Redis and RabbitMQ brokers x SQLite, PostgreSQL,
+# Redis stores, Django's ORM on PostgreSQL, and the plain-Celery controls) and Dramatiq; each
+# run's line in test-artifacts/tasks-chaos.txt. CHAOS_TASKS=300 CHAOS_KILLS=10 by default.
+chaos-tasks: $(STAMP)
+	$(BIN)/pytest -m chaos tests/tasks -s $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) bench/.venv-bench-peers .pytest_cache .mypy_cache .ruff_cache test-artifacts dist site

@@ -36,3 +36,7 @@ def record_effect(table: str, key: str, at: float) -> None:
         cursor.execute(
             f"INSERT INTO {table} (key, pid, at) VALUES (%s, %s, %s)", (key, os.getpid(), at)
         )
+
+
+# A project that uses retrysafe for its tasks only has no middleware to add.
+SILENCED_SYSTEM_CHECKS = ["retrysafe.W001"]

@@ -39,7 +39,7 @@ def test_each_task_runs_once_across_killed_workers(
     broker: str, store: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     services(request, broker, store, "postgres")
-    check(Plan("celery", broker, store, tasks=30, kills=1, workers=2, work=0.1), tmp_path)
+    check(Plan("celery", broker, store, tasks=20, kills=1, workers=2, work=0.1), tmp_path)
 
 
 @pytest.mark.timeout(120)

@@ -25,4 +25,4 @@ def test_each_message_runs_once_across_killed_workers(
     broker: str, store: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     services(request, broker, store, "postgres")
-    check(Plan("dramatiq", broker, store, tasks=30, kills=1, workers=2, work=0.1), tmp_path)
+    check(Plan("dramatiq", broker, store, tasks=20, kills=1, workers=2, work=0.1), tmp_path)

@@ -4,11 +4,15 @@ Celery worker on the in-memory transport and Dramatiq's stub broker with a real 
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import threading
 import types
 import uuid
 import warnings
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import dramatiq
@@ -266,3 +270,20 @@ def test_dramatiq_check_compares_the_ttl_with_the_redelivery_delay() -> None:
         warnings.simplefilter("error")
         middleware.after_worker_boot(broker, None)
     broker.close()
+
+
+def test_delay_on_commit_sends_after_the_commit_and_runs_once(
+    request: pytest.FixtureRequest,
+) -> None:
+    """Django's ``delay_on_commit`` with ``idempotency_key=``: two sends in one committed
+    transaction run once; a rolled-back transaction sends nothing."""
+    request.getfixturevalue("postgres_url")
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.tasks.on_commit"],
+        cwd=Path(__file__).resolve().parents[2],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.splitlines()[-1]) == ["o-1"]

@@ -14,16 +14,15 @@ from __future__ import annotations
 
 import logging
 import warnings
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from .._core.call import KEY_ARGUMENT, ResultCodec
+from .._core.call import KEY_ARGUMENT
 from .._core.config import IdempotencyConfig
 from .._core.errors import ConfigurationError, InProgressError
 from ..consumer import Delivery
 from ..functions import IdempotentFunction, idempotent_function
-from ..stores import Store
 
 __all__ = ["KEY_HEADER", "Redelivery", "TaskFunction", "redelivery_warnings", "warn_once"]
 
@@ -40,26 +39,16 @@ class TaskFunction:
         function: the task's ``def`` function (``async def`` is refused: task queues call
             functions).
         where: how errors name it (``idempotent_task(charge)``).
-        store, key, name, fingerprint, codec, final, config, options: as
-            :func:`~retrysafe.idempotent_function`'s.
+        name: what the keys are scoped by (default: the function's module and qualified name).
+        **spec: :func:`~retrysafe.idempotent_function`'s other arguments (``store``, ``key``,
+            ``fingerprint``, ``codec``, ``final``, ``config`` and the call options).
 
     Raises:
         ConfigurationError: a bad option (at decoration, in the producer and the worker alike).
     """
 
     def __init__(
-        self,
-        function: Callable[..., Any],
-        *,
-        where: str,
-        store: str | Store,
-        key: Callable[..., Any] | str | Sequence[str] | None,
-        name: str | None,
-        fingerprint: Sequence[str] | None,
-        codec: str | ResultCodec,
-        final: Iterable[type[BaseException]],
-        config: IdempotencyConfig | None,
-        options: dict[str, Any],
+        self, function: Callable[..., Any], *, where: str, name: str | None, **spec: Any
     ) -> None:
         import inspect
 
@@ -68,15 +57,7 @@ class TaskFunction:
         if name is None:
             name = f"{function.__module__}.{function.__qualname__}"
         self.function: IdempotentFunction[..., Any] = idempotent_function(
-            function,
-            store=store,
-            key=key,
-            name=name,
-            fingerprint=fingerprint,
-            codec=codec,
-            final=final,
-            config=config,
-            **options,
+            function, name=name, **spec
         )
 
     @property

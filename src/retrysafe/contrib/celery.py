@@ -53,7 +53,7 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError("retrysafe.contrib.celery needs: pip install 'retrysafe[celery]'") from exc
 
-__all__ = ["KEY_HEADER", "check_worker", "idempotency_key", "idempotent_task"]
+__all__ = ["check_worker", "idempotency_key", "idempotent_task"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -147,18 +147,14 @@ def idempotent_task(
         ConfigurationError: a bad option, named (at import, in producers and workers alike).
     """
 
+    spec: dict[str, Any] = {"store": store, "key": key, "name": name, "fingerprint": fingerprint}
+    spec |= {"codec": codec, "final": final, "config": config}
+
     def decorate(target: Callable[P, R]) -> Callable[P, R]:
         keyed = TaskFunction(
             target,
             where=f"idempotent_task({getattr(target, '__qualname__', target)})",
-            store=store,
-            key=key,
-            name=name,
-            fingerprint=fingerprint,
-            codec=codec,
-            final=final,
-            config=config,
-            options=options,
+            **{**spec, **options},
         )
 
         @functools.wraps(target)

@@ -47,7 +47,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
         "retrysafe.contrib.dramatiq needs: pip install 'retrysafe[dramatiq]'"
     ) from exc
 
-__all__ = ["KEY_HEADER", "ActorConfigurationError", "Idempotency", "idempotency_key"]
+__all__ = ["ActorConfigurationError", "Idempotency", "idempotency_key"]
 
 #: What ``idempotent=`` may hold besides the call options.
 _SPEC_OPTIONS = ("store", "key", "name", "fingerprint", "codec", "final", "config")
@@ -125,27 +125,17 @@ class Idempotency(Middleware):
             )
         own = {k: spec[k] for k in _SPEC_OPTIONS if k in spec}
         options = {k: v for k, v in spec.items() if k not in _SPEC_OPTIONS}
-        store = own.get("store", self.store)
-        if store is None:
+        own.setdefault("store", self.store)
+        if own["store"] is None:
             raise ConfigurationError(
                 f"actor {actor.actor_name}: no store (Idempotency(store=...) or "
                 "idempotent={'store': ...})"
             )
-        config = own.get("config", self.config)
-        if config is None:
+        own.setdefault("config", self.config)
+        if own["config"] is None:
             options = {**self.options, **options}
-        keyed = TaskFunction(
-            actor.fn,
-            where=f"actor {actor.actor_name}",
-            store=store,
-            key=own.get("key"),
-            name=own.get("name", actor.actor_name),
-            fingerprint=own.get("fingerprint"),
-            codec=own.get("codec", "json"),
-            final=own.get("final", ()),
-            config=config,
-            options=options,
-        )
+        own.setdefault("name", actor.actor_name)
+        keyed = TaskFunction(actor.fn, where=f"actor {actor.actor_name}", **own, **options)
         self._keyed[actor.actor_name] = keyed
         actor.fn = self._wrap(broker, actor.actor_name, actor.fn, keyed)
 
