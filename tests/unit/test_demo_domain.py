@@ -217,3 +217,19 @@ def test_the_worker_s_broker_is_a_folder_unless_a_url_names_one(tmp_path: Path) 
     command = worker_command()
     assert command[1:6] == ["-m", "celery", "-A", "retrysafe.demo.worker", "worker"]
     assert command[command.index("--pool") + 1] == "prefork"
+
+
+def test_the_demo_starts_its_worker_only_where_it_can_share_the_keys() -> None:
+    import argparse
+
+    from retrysafe.demo.serve import worker_link
+
+    def args(**given: object) -> argparse.Namespace:
+        base = {"no_worker": False, "framework": "starlette", "store": "sqlite:///x.db"}
+        return argparse.Namespace(**{**base, "broker": "filesystem://b", **given})
+
+    link = worker_link(args())
+    assert link is not None and link.broker == "filesystem://b" and link.worker_pid is None
+    assert worker_link(args(no_worker=True)) is None
+    assert worker_link(args(framework="django")) is None  # not yet
+    assert worker_link(args(store="memory://")) is None  # each process its own memory

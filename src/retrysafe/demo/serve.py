@@ -23,8 +23,13 @@ WORKER_FRAMEWORKS = ("starlette", "fastapi", "flask")
 
 def worker_link(args: argparse.Namespace) -> WorkerLink | None:
     """The link to the demo's Celery worker, before it runs (``None``: no worker, with
-    ``--no-worker``, on a framework without one, or without Celery installed)."""
+    ``--no-worker``, on a framework without one, with a ``memory://`` store, or without Celery
+    installed)."""
     if getattr(args, "no_worker", True) or args.framework not in WORKER_FRAMEWORKS:
+        return None
+    if args.store.startswith("memory:"):
+        # Each worker process would have its own memory: no key would be shared.
+        print("No worker: a memory:// store is not shared with the worker's processes", flush=True)
         return None
     try:
         import celery  # noqa: F401
