@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit package matrix chaos bench clean services unasync docs
+.PHONY: demo test lint typecheck unit package matrix chaos chaos-tasks bench clean services unasync docs
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -12,12 +12,15 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
-# `make demo [PORT=8000] [STORE=URL]`: OrderHub in the foreground, with only what it needs
-# (retrysafe[demo]: Starlette, FastAPI, Flask, Django, uvicorn, gunicorn, prometheus-client; plus
-# the redis or postgres extra when STORE names one). Every run keeps its data in a new, empty
-# folder under $TMPDIR (default /tmp), never in the source tree: a second run starts empty.
+# `make demo [PORT=8000] [STORE=URL] [BROKER=URL]`: OrderHub and its Celery worker in the
+# foreground, with only what they need (retrysafe[demo]: Starlette, FastAPI, Flask, Django,
+# uvicorn, gunicorn, prometheus-client, Celery; plus the redis or postgres extra when STORE names
+# one). The worker's broker is a folder (kombu's file-system transport, no server) unless BROKER
+# names one (redis://...). Every run keeps its data in a new, empty folder under $TMPDIR (default
+# /tmp), never in the source tree: a second run starts empty.
 PORT ?= 8000
 STORE ?=
+BROKER ?=
 COMMA := ,
 DEMO_EXTRAS := demo$(if $(filter redis%,$(STORE)),$(COMMA)redis)$(if $(filter postgres%,$(STORE)),$(COMMA)postgres)
 DEMO_STAMP := $(VENV)/.installed-$(subst $(COMMA),-,$(DEMO_EXTRAS))
@@ -25,7 +28,7 @@ DEMO_STAMP := $(VENV)/.installed-$(subst $(COMMA),-,$(DEMO_EXTRAS))
 $(DEMO_STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@echo "Installing retrysafe[$(DEMO_EXTRAS)] into $(VENV): Starlette, FastAPI, Flask, Django," \
-	    "uvicorn, gunicorn, prometheus-client (no test tools)"
+	    "uvicorn, gunicorn, prometheus-client, Celery (no test tools)"
 	$(BIN)/python -m pip install --quiet -e '.[$(DEMO_EXTRAS)]'
 	touch $@
 
@@ -33,7 +36,7 @@ demo: $(DEMO_STAMP)
 	@data=$$(mktemp -d "$${TMPDIR:-/tmp}/retrysafe-demo.XXXXXX") && \
 	echo "OrderHub keeps this run's data in $$data (a new, empty folder each run)" && \
 	cd "$$data" && exec "$(abspath $(BIN))/retrysafe" demo --host 127.0.0.1 --port $(PORT) \
-	    $(if $(STORE),--store '$(STORE)')
+	    $(if $(STORE),--store '$(STORE)') $(if $(BROKER),--broker '$(BROKER)')
 
 lint: $(STAMP)
 	$(BIN)/ruff format --check src tests bench scripts examples
@@ -80,6 +83,12 @@ bench: $(BENCH_STAMP)
 
 chaos: $(STAMP)
 	$(BIN)/pytest -m chaos $(PYTEST_ARGS)
+
+# The task queues' long crash runs alone: Celery (Redis and RabbitMQ brokers x SQLite, PostgreSQL,
+# Redis stores, Django's ORM on PostgreSQL, and the plain-Celery controls) and Dramatiq; each
+# run's line in test-artifacts/tasks-chaos.txt. CHAOS_TASKS=300 CHAOS_KILLS=10 by default.
+chaos-tasks: $(STAMP)
+	$(BIN)/pytest -m chaos tests/tasks -s $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) bench/.venv-bench-peers .pytest_cache .mypy_cache .ruff_cache test-artifacts dist site

@@ -812,6 +812,22 @@ def markdown(report: dict[str, Any]) -> str:
                 f"| {found['replay']:.1f} | {found['overhead']:.1f} |"
             )
         lines.append("")
+    if report.get("tasks_ms"):
+        lines += [
+            "## Celery: a keyed task over the bare task (bench/tasks.py)",
+            "",
+            "One `celery worker --pool solo` on the Redis broker serves both tasks; rounds of 200 "
+            "tasks of each kind, interleaved, timed from the first send to the last result "
+            "(Redis result backend); ms per task, best of 3 rounds.",
+            "",
+            "| broker, store | bare ms/task | keyed ms/task | overhead ms/task |",
+            "|---|---:|---:|---:|",
+        ]
+        for name, found in report["tasks_ms"].items():
+            lines.append(
+                f"| {name} | {found['bare']:.2f} | {found['keyed']:.2f} | {found['overhead']:.2f} |"
+            )
+        lines.append("")
     if report.get("micro"):
         lines += [
             "## micro-benchmarks (pytest-benchmark, median)",
@@ -947,6 +963,29 @@ def call_figures(env_urls: dict[str, str]) -> dict[str, dict[str, float]] | None
     figures: dict[str, dict[str, float]] = json.loads(result.stdout[result.stdout.index("{") :])
     for name, found in figures.items():
         log(f"call {name}: {found['overhead']:.1f} us over the bare call ({found})")
+    return figures
+
+
+def task_figures(env_urls: dict[str, str]) -> dict[str, dict[str, float]] | None:
+    """Milliseconds per task of a keyed Celery task and the bare one, same worker and Redis
+    broker, on each available store (bench/tasks.py), in a process of its own (None without
+    the celery extra or a Redis server)."""
+    if not module_available("celery") or "BENCH_REDIS_URL" not in env_urls:
+        return None
+    command = [sys.executable, str(BENCH / "tasks.py"), "--json", "/dev/stdout"]
+    command += ["--redis-url", env_urls["BENCH_REDIS_URL"], "--tasks", "200"]
+    stores = ["sqlite", "redis"]
+    if "BENCH_POSTGRES_URL" in env_urls:
+        command += ["--postgres-url", env_urls["BENCH_POSTGRES_URL"]]
+        stores.append("postgres")
+    command += ["--stores", ",".join(stores)]
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:
+        log(f"task figures failed: {result.stderr.strip()[-300:]}")
+        return None
+    figures: dict[str, dict[str, float]] = json.loads(result.stdout[result.stdout.index("{") :])
+    for name, found in figures.items():
+        log(f"task {name}: {found['overhead']:.2f} ms over the bare task ({found})")
     return figures
 
 
@@ -1333,6 +1372,7 @@ def main(argv: list[str] | None = None) -> int:
     hook_cost = metrics_hook_cost()
     inprocess = inprocess_figures()
     calls = call_figures(env_urls)
+    tasks = task_figures(env_urls)
 
     rows = summarize(runs, specs)
     versions = {p: v for p in SHARED_STACK if (v := version_of(p))}
@@ -1367,6 +1407,7 @@ def main(argv: list[str] | None = None) -> int:
         "metrics_hook_us": hook_cost,
         "inprocess_us": inprocess,
         "calls_us": calls,
+        "tasks_ms": tasks,
         "runs": runs,
         "sidecar": sidecar_report,
     }

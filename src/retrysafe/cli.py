@@ -393,7 +393,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"retrysafe {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    from .demo.domain import DEFAULT_STORE  # imports no framework
+    from .demo.charges import DEFAULT_BROKER  # imports neither a framework nor Celery
+    from .demo.domain import DEFAULT_STORE
 
     demo = sub.add_parser("demo", help="serve the OrderHub demo")
     demo.add_argument("--host", default="127.0.0.1")
@@ -408,6 +409,14 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"lease, seconds (default: {_DEFAULTS.lease:g}, or --ttl when that is shorter)",
     )
     demo.add_argument("--log-level", default="info")
+    demo.add_argument(
+        "--broker",
+        default=DEFAULT_BROKER,
+        help="the Celery broker of the charge worker (default: a folder, no server)",
+    )
+    demo.add_argument(
+        "--no-worker", action="store_true", help="serve the web app without the Celery worker"
+    )
     demo.add_argument(
         "--framework", choices=DEMO_FRAMEWORKS, default=DEMO_FRAMEWORKS[0], help="which OrderHub"
     )

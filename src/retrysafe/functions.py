@@ -123,6 +123,14 @@ class IdempotentFunction(Generic[P, R]):
             self._label.reset(token)
 
     @property
+    def computes_key(self) -> bool:
+        """Whether the function's calls carry their key in their arguments (``key=`` was given,
+        or the function has an ``idempotency_key`` parameter): a task queue's shell falls back
+        to the task's id only when they do not."""
+        spec = self._spec
+        return spec.key is not None or bool(spec.key_names) or spec.takes_key
+
+    @property
     def is_async(self) -> bool:
         """Whether the function is an ``async def``."""
         return self._is_async

@@ -51,6 +51,8 @@ PUBLIC_MODULES = [
     "retrysafe.contrib.flask",
     "retrysafe.contrib.django",
     "retrysafe.contrib.sqlalchemy",
+    "retrysafe.contrib.celery",
+    "retrysafe.contrib.dramatiq",
     "retrysafe.contrib.prometheus",
     "retrysafe.contrib.otel",
     "retrysafe.testing",

@@ -32,6 +32,8 @@ class DemoServer:
         lease: ``--lease`` seconds.
         ttl: ``--ttl`` seconds.
         log_dir: where its output goes (a file per server, kept for failed tests).
+        worker: also start OrderHub's Celery worker (``--broker`` a folder under ``log_dir``);
+            by default ``--no-worker``, so the tests of the web app start no worker.
     """
 
     def __init__(
@@ -43,6 +45,7 @@ class DemoServer:
         ttl: float = 3600.0,
         log_dir: Path,
         extra_args: tuple[str, ...] = (),
+        worker: bool = False,
     ) -> None:
         self.store = store
         self.db = db
@@ -50,6 +53,7 @@ class DemoServer:
         self.ttl = ttl
         self.log_dir = log_dir
         self.extra_args = extra_args
+        self.worker = worker
         self.port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -81,6 +85,10 @@ class DemoServer:
         ]
         if self.db:
             cmd += ["--db", self.db]
+        if self.worker:
+            cmd += ["--broker", f"filesystem://{self.log_dir}/broker-{self.port}"]
+        else:
+            cmd.append("--no-worker")
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log = open(self.log_dir / f"demo-{self.port}.log", "ab")  # noqa: SIM115
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}

@@ -348,3 +348,43 @@ def test_the_footer_says_where_the_data_lives_and_that_make_demo_starts_empty(
     assert "one database" in footer
     assert "new, empty folder" in footer
     desktop.assert_clean()
+
+
+def test_the_worker_panel_shows_one_charge_with_retrysafe_and_two_without(
+    browser: Any,
+    demo_servers: Callable[..., DemoServer],
+    tmp_path: Path,
+    record_property: Any,
+    capsys: Any,
+) -> None:
+    """With its Celery worker, the page shows the charges panel: a payment charged once, and
+    the two kill buttons, whose rows end with one charge (retrysafe) and two (without)."""
+    server = demo_servers(f"sqlite:///{tmp_path}/store.db", worker=True)
+    desktop = _open(browser, server, viewport={"width": 1366, "height": 900})
+    try:
+        panel = desktop.page.locator("#worker")
+        assert panel.is_visible()
+        desktop.page.click("#pay")
+        desktop.page.wait_for_selector('#charges-body tr[data-flow="retrysafe"] .b-ok')
+        desktop.page.click("#kill-retrysafe")
+        desktop.page.wait_for_selector("#worker-status:has-text('SIGKILLed')")
+        desktop.page.click("#kill-plain")
+        desktop.page.wait_for_selector("#worker-status:has-text('SIGKILLed')")
+        # Each killed payment's row: the killed run, then the redelivery's run.
+        for flow, charges in (("retrysafe", "1"), ("plain", "2")):
+            row = f'#charges-body tr[data-flow="{flow}"]:has(.b-lost)'
+            desktop.page.wait_for_selector(f"{row} .b-ok", timeout=30_000)
+            assert desktop.text(f"{row} [data-testid=charge-count]").startswith(charges)
+        assert desktop.page.locator("#charges-body .b-dup").count() == 1  # CHARGED TWICE
+        totals = desktop.text("#charge-totals")
+        assert "With retrysafe: 2 payments charged, 2 charges" in totals, totals
+        assert "without: 1 payment charged, 2 charges" in totals, totals
+        desktop.screenshot("browser-worker.png", record_property, capsys)
+        desktop.assert_clean()
+    finally:
+        desktop.page.context.close()
+
+
+def test_without_a_worker_the_page_has_no_worker_panel(desktop: Page) -> None:
+    assert not desktop.page.locator("#worker").is_visible()
+    desktop.assert_clean()

@@ -61,9 +61,17 @@ MATRIX: dict[str, tuple[Path, str]] = {
     "prometheus": (OWN, "prometheus"),
     "otel": (OWN, "otel"),
     "amqp": (OWN, "amqp"),
+    "celery": (OWN, "celery"),
+    "dramatiq": (OWN, "dramatiq"),
 }
 #: Extras whose project needs a service the test run provides (skip or fail as conftest says).
-NEEDS = {"redis": "redis_url", "postgres": "postgres_url", "amqp": "rabbitmq_url"}
+NEEDS = {
+    "redis": "redis_url",
+    "postgres": "postgres_url",
+    "amqp": "rabbitmq_url",
+    "celery": "redis_url",
+    "dramatiq": "redis_url",
+}
 THREADS = 3  # the machine has 2 cores, shared: installs mostly wait on the network and disk
 
 

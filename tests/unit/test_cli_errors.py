@@ -122,7 +122,7 @@ def test_demo_with_a_short_ttl_needs_no_lease_flag(tmp_path: Path) -> None:
     port = free_port()
     log = tmp_path / "demo.log"
     cmd = [sys.executable, "-m", "retrysafe", "demo", "--port", str(port), "--ttl", "2"]
-    cmd += ["--store", f"sqlite:///{tmp_path}/demo.db", "--log-level", "warning"]
+    cmd += ["--store", f"sqlite:///{tmp_path}/demo.db", "--log-level", "warning", "--no-worker"]
     with log.open("wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
     try:

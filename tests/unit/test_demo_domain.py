@@ -184,7 +184,8 @@ def test_importing_the_demo_and_building_the_command_loads_no_framework() -> Non
     code = (
         "import sys, retrysafe.demo, retrysafe.demo.domain, retrysafe.demo.serve, retrysafe.cli\n"
         "retrysafe.cli.build_parser()\n"
-        "names = ('starlette', 'fastapi', 'flask', 'django', 'pydantic', 'uvicorn', 'gunicorn')\n"
+        "names = ('starlette', 'fastapi', 'flask', 'django', 'pydantic', 'uvicorn', 'gunicorn',\n"
+        "         'celery', 'kombu')\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in names))"
     )
     result = subprocess.run(
@@ -202,3 +203,33 @@ def test_the_django_orderhub_s_migrations_match_its_models(tmp_path: Path) -> No
     command = [sys.executable, "-m", "django", "makemigrations", "--check", "--dry-run", "orderhub"]
     result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_worker_s_broker_is_a_folder_unless_a_url_names_one(tmp_path: Path) -> None:
+    from retrysafe.demo.charges import DEFAULT_BROKER, broker_options, worker_command
+
+    assert DEFAULT_BROKER.startswith("filesystem://")
+    url, options = broker_options(f"filesystem://{tmp_path}/broker")
+    assert url == "filesystem://"
+    assert options["data_folder_in"] == options["data_folder_out"] == f"{tmp_path}/broker/queue"
+    assert (tmp_path / "broker" / "queue").is_dir() and (tmp_path / "broker" / "control").is_dir()
+    assert broker_options("redis://127.0.0.1:6379/1") == ("redis://127.0.0.1:6379/1", {})
+    command = worker_command()
+    assert command[1:6] == ["-m", "celery", "-A", "retrysafe.demo.worker", "worker"]
+    assert command[command.index("--pool") + 1] == "prefork"
+
+
+def test_the_demo_starts_its_worker_only_where_it_can_share_the_keys() -> None:
+    import argparse
+
+    from retrysafe.demo.serve import worker_link
+
+    def args(**given: object) -> argparse.Namespace:
+        base = {"no_worker": False, "framework": "starlette", "store": "sqlite:///x.db"}
+        return argparse.Namespace(**{**base, "broker": "filesystem://b", **given})
+
+    link = worker_link(args())
+    assert link is not None and link.broker == "filesystem://b" and link.worker_pid is None
+    assert worker_link(args(no_worker=True)) is None
+    assert worker_link(args(framework="django")) is None  # not yet
+    assert worker_link(args(store="memory://")) is None  # each process its own memory

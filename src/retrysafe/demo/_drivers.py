@@ -70,6 +70,24 @@ CREATE TABLE IF NOT EXISTS orderhub_payments (
     currency TEXT NOT NULL,
     created_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))
 );
+CREATE TABLE IF NOT EXISTS orderhub_charges (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    payment_id INTEGER NOT NULL,
+    flow TEXT NOT NULL,
+    amount INTEGER NOT NULL,
+    currency TEXT NOT NULL,
+    task_id TEXT NOT NULL,
+    created_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))
+);
+CREATE TABLE IF NOT EXISTS orderhub_charge_runs (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    payment_id INTEGER NOT NULL,
+    flow TEXT NOT NULL,
+    task_id TEXT NOT NULL,
+    pid INTEGER NOT NULL,
+    outcome TEXT NOT NULL,
+    started_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))
+);
 """
 
 _POSTGRES_SCHEMA = """
@@ -87,6 +105,26 @@ CREATE TABLE IF NOT EXISTS {prefix}orderhub_payments (
     amount BIGINT NOT NULL,
     currency TEXT NOT NULL,
     created_at TEXT NOT NULL
+        DEFAULT to_char(clock_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"')
+);
+CREATE TABLE IF NOT EXISTS {prefix}orderhub_charges (
+    id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    payment_id BIGINT NOT NULL,
+    flow TEXT NOT NULL,
+    amount BIGINT NOT NULL,
+    currency TEXT NOT NULL,
+    task_id TEXT NOT NULL,
+    created_at TEXT NOT NULL
+        DEFAULT to_char(clock_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"')
+);
+CREATE TABLE IF NOT EXISTS {prefix}orderhub_charge_runs (
+    id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    payment_id BIGINT NOT NULL,
+    flow TEXT NOT NULL,
+    task_id TEXT NOT NULL,
+    pid BIGINT NOT NULL,
+    outcome TEXT NOT NULL,
+    started_at TEXT NOT NULL
         DEFAULT to_char(clock_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"')
 );
 """

@@ -8,7 +8,9 @@ store, its metrics, the settings and the data layer) is shared with the FastAPI 
 
 from __future__ import annotations
 
+import asyncio
 import functools
+import json
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -27,8 +29,19 @@ from ..asgi import IdempotencyMiddleware
 from ..stores import AsyncStore, resolve_async_store
 from . import domain
 from ._async_hub import AsyncOrderHub
+from .charges import WorkerDesk, WorkerLink
 
-__all__ = ["OrderHubSetup", "create_app", "orderhub_setup", "problem_response"]
+__all__ = [
+    "WORKER_ROUTES",
+    "OrderHubSetup",
+    "add_worker",
+    "charge_new_payment",
+    "close_worker",
+    "create_app",
+    "orderhub_setup",
+    "problem_response",
+    "reset_charges",
+]
 
 
 @functools.cache
@@ -142,8 +155,46 @@ async def create_order(request: Request) -> Response:
 
 @idempotent(required=True)
 async def create_payment(request: Request) -> Response:
-    """``POST /payments``: the key is required."""
-    return await _create(request, domain.PAYMENTS)
+    """``POST /payments``: the key is required. With the worker, the payment is sent to it to
+    be charged (once: a replayed answer sends nothing)."""
+    response = await _create(request, domain.PAYMENTS)
+    await charge_new_payment(request, json.loads(bytes(response.body)))
+    return response
+
+
+async def charge_new_payment(request: Request, payment: dict[str, Any]) -> None:
+    """Send a new payment to the worker to be charged (nothing without a worker)."""
+    desk: WorkerDesk | None = request.app.state.worker
+    if desk is not None:
+        await asyncio.to_thread(desk.charge_new, payment)
+
+
+def _desk(request: Request) -> WorkerDesk:
+    desk: WorkerDesk | None = request.app.state.worker
+    if desk is None:
+        raise WorkerDesk.missing()
+    return desk
+
+
+async def charges(request: Request) -> Response:
+    """``GET /charges``: each payment's charges and the runs of its charge task, counted in the
+    database."""
+    return JSONResponse(await asyncio.to_thread(_desk(request).charges))
+
+
+async def charge_again(request: Request) -> Response:
+    """``POST /payments/<id>/charge``: send the payment's charge task again (a producer that
+    sends twice; ``?flow=plain``: the task without retrysafe)."""
+    desk, flow = _desk(request), request.query_params.get("flow")
+    sent = await asyncio.to_thread(desk.charge_again, request.path_params["record_id"], flow)
+    return JSONResponse(sent, 202)
+
+
+async def kill_worker(request: Request) -> Response:
+    """``POST /worker/kill?flow=retrysafe|plain``: a new payment, its charge task, and a SIGKILL
+    of the worker process running it right after it wrote the charge."""
+    desk, flow = _desk(request), request.query_params.get("flow")
+    return JSONResponse(await asyncio.to_thread(desk.kill, flow), 202)
 
 
 async def listing(request: Request, kind: domain.Kind) -> Response:
@@ -162,9 +213,43 @@ async def detail(request: Request, kind: domain.Kind) -> Response:
 
 
 async def reset(request: Request) -> Response:
-    """``POST /reset``: delete every order and payment (the page's "Reset demo")."""
+    """``POST /reset``: delete every order and payment (the page's "Reset demo"), and every
+    charge and task run."""
     await _hub(request).reset()
+    await reset_charges(request)
     return Response(status_code=204)
+
+
+async def reset_charges(request: Request) -> None:
+    """Delete every charge and task run (nothing without a worker)."""
+    desk: WorkerDesk | None = request.app.state.worker
+    if desk is not None:
+        await asyncio.to_thread(desk.reset)
+
+
+#: The worker's routes: (path, endpoint, method). Without a worker they answer 404 problems.
+WORKER_ROUTES = [
+    ("/charges", charges, "GET"),
+    ("/payments/{record_id:int}/charge", charge_again, "POST"),
+    ("/worker/kill", kill_worker, "POST"),
+]
+
+
+def add_worker(app: Starlette, worker: WorkerLink | None, db_url: str, page: bytes) -> None:
+    """Give an ASGI OrderHub (Starlette or FastAPI) its worker: the routes, the
+    :class:`~retrysafe.demo.charges.WorkerDesk` (``app.state.worker``) and the page, whose
+    worker panel shows only with a worker."""
+    for path, endpoint, method in WORKER_ROUTES:
+        app.router.add_route(path, endpoint, methods=[method], include_in_schema=False)
+    app.state.worker = None if worker is None else WorkerDesk(worker, db_url)
+    app.state.page = WorkerDesk.page(page, worker is not None)
+
+
+async def close_worker(app: Starlette) -> None:
+    """Release the worker desk's connections."""
+    desk: WorkerDesk | None = app.state.worker
+    if desk is not None:
+        desk.close()
 
 
 async def metrics(request: Request) -> Response:
@@ -182,6 +267,7 @@ def create_app(
     ttl: float = 24 * 3600.0,
     lease: float = 30.0,
     transactional: bool | None = None,
+    worker: WorkerLink | None = None,
 ) -> Starlette:
     """Build OrderHub on Starlette.
 
@@ -192,6 +278,9 @@ def create_app(
         lease: lease of in-progress records, seconds.
         transactional: commit orders together with the stored responses; by default on when
             the orders live in the store's own SQL database.
+        worker: the Celery worker that charges payments (``retrysafe demo`` starts it): each
+            new payment is sent to it, and ``GET /charges``, ``POST /payments/<id>/charge``
+            and ``POST /worker/kill`` are served.
 
     Returns:
         The ASGI app.
@@ -214,6 +303,7 @@ def create_app(
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         yield
         await setup.hub.aclose()
+        await close_worker(app)
 
     app = Starlette(
         routes=routes,
@@ -230,5 +320,5 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.orderhub = setup.hub
-    app.state.page = setup.page
+    add_worker(app, worker, setup.hub.url, setup.page)
     return app

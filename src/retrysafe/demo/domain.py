@@ -48,6 +48,7 @@ __all__ = [
     "parse_record",
     "problem_of",
     "same_database",
+    "shown_url",
 ]
 
 #: The store of ``retrysafe demo`` without ``--store`` (relative to the working directory).
@@ -349,6 +350,11 @@ def _shown(url: str) -> str:
         netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
         parts = parts._replace(netloc=netloc)
     return urlunsplit(parts._replace(query=""))
+
+
+def shown_url(url: str) -> str:
+    """A URL as the page shows it (its password hidden); a SQLite URL as its absolute path."""
+    return _shown(url)
 
 
 def describe_data(store_url: str, db_url: str) -> str:

@@ -29,7 +29,16 @@ from .. import __version__
 from ..contrib.fastapi import idempotent, install
 from . import domain
 from ._async_hub import AsyncOrderHub
-from .app import metrics, orderhub_setup, problem_response
+from .app import (
+    add_worker,
+    charge_new_payment,
+    close_worker,
+    metrics,
+    orderhub_setup,
+    problem_response,
+    reset_charges,
+)
+from .charges import WorkerLink
 
 __all__ = [
     "Order",
@@ -232,6 +241,7 @@ async def create_payment(
     """Make a payment. The `Idempotency-Key` is required: a payment is never made twice."""
     record = await hub.create(domain.PAYMENTS, payment.model_dump(), who, knobs, request.scope)
     response.headers["Location"] = domain.location(domain.PAYMENTS, record)
+    await charge_new_payment(request, record)
     return record
 
 
@@ -263,9 +273,11 @@ async def get_payment(record_id: int, hub: Hub) -> dict[str, Any]:
     return record
 
 
-async def reset(hub: Hub) -> None:
-    """Delete every order and payment (the page's "Reset demo"; idempotency records stay)."""
+async def reset(request: Request, hub: Hub) -> None:
+    """Delete every order and payment, and every charge (the page's "Reset demo"; idempotency
+    records stay)."""
     await hub.reset()
+    await reset_charges(request)
 
 
 async def _domain_error(request: Request, exc: Exception) -> Response:
@@ -305,6 +317,7 @@ def create_app(
     ttl: float = 24 * 3600.0,
     lease: float = 30.0,
     transactional: bool | None = None,
+    worker: WorkerLink | None = None,
 ) -> FastAPI:
     """Build OrderHub on FastAPI (the arguments of :func:`retrysafe.demo.app.create_app`).
 
@@ -317,6 +330,7 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         yield
         await setup.hub.aclose()
+        await close_worker(app)
 
     app = FastAPI(
         title="OrderHub",
@@ -363,5 +377,5 @@ def create_app(
         app.add_route("/metrics", metrics, methods=["GET"], include_in_schema=False)
     install(app, store=setup.store, config=setup.config)
     app.state.orderhub = setup.hub
-    app.state.page = setup.page
+    add_worker(app, worker, setup.hub.url, setup.page)
     return app

@@ -21,6 +21,7 @@ from werkzeug.exceptions import HTTPException
 from ..contrib.flask import Idempotency, idempotent
 from . import domain
 from ._sync_hub import OrderHub
+from .charges import WorkerDesk, WorkerLink
 
 __all__ = ["create_app", "orderhub", "serve"]
 
@@ -60,8 +61,38 @@ def create_order() -> tuple[Response, int, dict[str, str]]:
 @orderhub.post("/payments")
 @idempotent(required=True)
 def create_payment() -> tuple[Response, int, dict[str, str]]:
-    """``POST /payments``: the key is required."""
-    return _create(domain.PAYMENTS)
+    """``POST /payments``: the key is required. With the worker, the payment is sent to it to
+    be charged (once: a replayed answer sends nothing)."""
+    created = _create(domain.PAYMENTS)
+    desk: WorkerDesk | None = current_app.extensions["orderhub_worker"]
+    if desk is not None:
+        desk.charge_new(created[0].get_json())
+    return created
+
+
+def _desk() -> WorkerDesk:
+    desk: WorkerDesk | None = current_app.extensions["orderhub_worker"]
+    if desk is None:
+        raise WorkerDesk.missing()
+    return desk
+
+
+@orderhub.get("/charges")
+def charges() -> Response:
+    """``GET /charges``: each payment's charges and the runs of its charge task."""
+    return jsonify(_desk().charges())
+
+
+@orderhub.post("/payments/<int:record_id>/charge")
+def charge_again(record_id: int) -> tuple[Response, int]:
+    """``POST /payments/<id>/charge``: send the payment's charge task again."""
+    return jsonify(_desk().charge_again(record_id, request.args.get("flow"))), 202
+
+
+@orderhub.post("/worker/kill")
+def kill_worker() -> tuple[Response, int]:
+    """``POST /worker/kill``: a worker process SIGKILLed mid-charge."""
+    return jsonify(_desk().kill(request.args.get("flow"))), 202
 
 
 def _listing(kind: domain.Kind) -> Response:
@@ -104,6 +135,9 @@ def get_payment(record_id: int) -> Response:
 def reset() -> Response:
     """``POST /reset``: delete every order and payment (the page's "Reset demo")."""
     _hub().reset()
+    desk: WorkerDesk | None = current_app.extensions["orderhub_worker"]
+    if desk is not None:
+        desk.reset()
     return Response(status=204)
 
 
@@ -128,9 +162,13 @@ def create_app(
     ttl: float = 24 * 3600.0,
     lease: float = 30.0,
     transactional: bool | None = None,
+    worker: WorkerLink | None = None,
 ) -> Flask:
     """Build OrderHub on Flask (the arguments of every OrderHub's ``create_app``: the store URL,
     the ``--db`` URL, ``ttl`` and ``lease`` seconds, transactional mode or the default).
+
+    With ``worker`` (the Celery worker ``retrysafe demo`` starts), each new payment is sent to
+    it and ``app.extensions["orderhub_worker"]`` serves the worker's routes.
 
     Returns:
         The Flask app (``app.extensions["retrysafe"]`` holds the store,
@@ -141,15 +179,18 @@ def create_app(
         transactional = domain.same_database(store, db_url)
     app = Flask(__name__)
     app.config.update(
-        RETRYSAFE_TTL=ttl, RETRYSAFE_LEASE=lease, ORDERHUB_PAGE=domain.page(store, db_url)
+        RETRYSAFE_TTL=ttl,
+        RETRYSAFE_LEASE=lease,
+        ORDERHUB_PAGE=WorkerDesk.page(domain.page(store, db_url), worker is not None),
     )
     Idempotency(app, store=store, transactional=transactional)
     app.extensions["orderhub"] = OrderHub(db_url, transactional=transactional)
+    app.extensions["orderhub_worker"] = None if worker is None else WorkerDesk(worker, db_url)
     app.register_blueprint(orderhub)
     return app
 
 
-def _gunicorn_app(args: argparse.Namespace) -> Any:
+def _gunicorn_app(args: argparse.Namespace, worker: WorkerLink | None) -> Any:
     from gunicorn.app.base import BaseApplication
 
     class OrderHubServer(BaseApplication):  # type: ignore[misc]
@@ -176,7 +217,9 @@ def _gunicorn_app(args: argparse.Namespace) -> Any:
                 self.cfg.set(name, value)
 
         def load(self) -> Flask:
-            return create_app(store=args.store, db=args.db, ttl=args.ttl, lease=args.lease)
+            return create_app(
+                store=args.store, db=args.db, ttl=args.ttl, lease=args.lease, worker=worker
+            )
 
     return OrderHubServer()
 
@@ -190,7 +233,13 @@ def serve(args: argparse.Namespace) -> None:
     """
     # Build the app once here, so a bad URL or setting fails now with its message rather than
     # as a worker that cannot boot. Then drop it: workers must not inherit open connections.
-    probe = create_app(store=args.store, db=args.db, ttl=args.ttl, lease=args.lease)
+    from .serve import worker, worker_link
+
+    link = worker_link(args)
+    probe = create_app(store=args.store, db=args.db, ttl=args.ttl, lease=args.lease, worker=link)
     probe.extensions["orderhub"].close()
+    if link is not None:
+        probe.extensions["orderhub_worker"].close()
     Idempotency.state(probe).store.close()
-    _gunicorn_app(args).run()
+    with worker(args, link):  # the Celery worker beside gunicorn's master, stopped with it
+        _gunicorn_app(args, link).run()

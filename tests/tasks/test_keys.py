@@ -1,0 +1,289 @@
+"""Where a task's key comes from, what a duplicate gets, and the worker-start check: an embedded
+Celery worker on the in-memory transport and Dramatiq's stub broker with a real worker thread
+(what a killed worker and a real broker do is in test_celery.py and test_dramatiq.py)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import types
+import uuid
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import dramatiq
+import pytest
+from celery import Celery
+from celery.contrib.testing.worker import start_worker
+from dramatiq.brokers.stub import StubBroker
+from dramatiq.results import Results
+from dramatiq.results.backends import StubBackend
+
+from retrysafe import ConfigurationError, IdempotencyConfig
+from retrysafe.contrib import celery as rs_celery
+from retrysafe.contrib._tasks import Redelivery, redelivery_warnings
+from retrysafe.contrib.celery import check_worker, idempotency_key, idempotent_task
+from retrysafe.contrib.dramatiq import Idempotency
+from retrysafe.contrib.dramatiq import idempotency_key as dramatiq_key
+
+
+@pytest.fixture(scope="module")
+def celery_app(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[Celery, list[str], Any]]:
+    """An app with a keyed task (``runs`` lists each run) and an embedded worker, for the
+    module (each test its own keys)."""
+    tmp_path = tmp_path_factory.mktemp("keys")
+    app = Celery("tasks_keys", broker="memory://", backend="cache+memory://")
+    app.conf.task_acks_late = True
+    app.conf.task_default_queue = f"tasks_keys_{uuid.uuid4().hex[:8]}"  # memory:// is global
+    runs: list[str] = []
+    store = f"sqlite:///{tmp_path}/keys.db"
+
+    @app.task(name=f"tasks_keys.charge_{uuid.uuid4().hex[:8]}", bind=True)
+    @idempotent_task(store=store)
+    def charge(self: Any, order_id: str, amount: int) -> dict[str, Any]:
+        runs.append(order_id)
+        return {"order_id": order_id, "amount": amount, "task": self.request.id}
+
+    with start_worker(app, perform_ping_check=False, pool="solo", shutdown_timeout=2):
+        yield app, runs, charge
+        runs.clear()
+
+
+def test_a_header_key_runs_the_task_once(celery_app: Any) -> None:
+    _app, runs, charge = celery_app
+    first = charge.apply_async(("o-1", 100), **idempotency_key("order-1")).get(timeout=10)
+    again = charge.apply_async(("o-1", 100), **idempotency_key("order-1")).get(timeout=10)
+    assert runs.count("o-1") == 1
+    assert again == first  # the second message is answered with the stored result
+
+
+def test_a_keyword_key_works_with_delay(celery_app: Any) -> None:
+    _app, runs, charge = celery_app
+    charge.delay("o-2", 100, idempotency_key="order-2").get(timeout=10)
+    charge.delay("o-2", 100, idempotency_key="order-2").get(timeout=10)
+    assert runs.count("o-2") == 1
+
+
+def test_without_a_business_key_the_task_id_is_the_key(celery_app: Any) -> None:
+    _app, runs, charge = celery_app
+    task_id = f"fixed-{uuid.uuid4()}"
+    charge.apply_async(("o-3", 100), task_id=task_id).get(timeout=10)
+    charge.apply_async(("o-3", 100), task_id=task_id).get(timeout=10)  # a redelivery
+    charge.delay("o-3", 100).get(timeout=10)  # another message: another task id
+    assert runs.count("o-3") == 2
+
+
+def test_a_key_sent_again_with_other_arguments_fails(celery_app: Any) -> None:
+    _app, runs, charge = celery_app
+    charge.apply_async(("o-4", 100), **idempotency_key("order-4")).get(timeout=10)
+    result = charge.apply_async(("o-4", 999), **idempotency_key("order-4"))
+    with pytest.raises(Exception, match="used before with different"):
+        result.get(timeout=10)
+    assert runs.count("o-4") == 1
+
+
+def test_a_copy_that_meets_a_running_task_is_retried_later_not_run(tmp_path: Any) -> None:
+    """The second copy arrives while the first runs: it is sent again (same task id), and
+    that copy gets the stored result; the function ran once."""
+    app = Celery("tasks_busy", broker="memory://", backend="cache+memory://")
+    app.conf.task_default_queue = f"tasks_busy_{uuid.uuid4().hex[:8]}"
+    release = threading.Event()
+    runs: list[str] = []
+
+    @app.task(name=f"tasks_busy.slow_{uuid.uuid4().hex[:8]}")
+    @idempotent_task(store=f"sqlite:///{tmp_path}/busy.db", key="order_id", lease=2)
+    def slow(order_id: str) -> str:
+        runs.append(order_id)
+        release.wait(10)
+        return "done"
+
+    with start_worker(
+        app, perform_ping_check=False, pool="threads", concurrency=2, shutdown_timeout=10
+    ):
+        first = slow.delay("o-5")
+        second = slow.delay("o-5")
+        threading.Timer(1.5, release.set).start()
+        assert first.get(timeout=20) == "done"
+        assert second.get(timeout=20) == "done"
+    assert runs == ["o-5"]
+
+
+def test_called_directly_the_task_needs_a_key(tmp_path: Any) -> None:
+    app = Celery("tasks_direct", broker="memory://")
+
+    @app.task(name="tasks_direct.add")
+    @idempotent_task(store=f"sqlite:///{tmp_path}/d.db", key="a")
+    def add(a: int, b: int) -> int:
+        return a + b
+
+    assert add(1, 2) == 3
+    assert add(1, 2) == 3
+
+
+def _app(broker: str, **conf: Any) -> Celery:
+    app = Celery("tasks_check", broker=broker)
+    app.conf.update(conf)
+    return app
+
+
+def test_the_worker_check_warns_of_a_visibility_timeout_shorter_than_a_run(tmp_path: Any) -> None:
+    app = _app(
+        "redis://127.0.0.1:6379/0",
+        broker_transport_options={"visibility_timeout": 60},
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+    )
+
+    @app.task(name="tasks_check.long", time_limit=300)
+    @idempotent_task(store=f"sqlite:///{tmp_path}/c.db", key="a", ttl=30)
+    def long(a: int) -> int:
+        return a
+
+    problems = check_worker(app)
+    assert any("visibility_timeout is 60 s" in p and "time limit of 300 s" in p for p in problems)
+    assert any("ttl (30 s) is not longer" in p for p in problems)
+    with pytest.warns(RuntimeWarning, match="visibility_timeout"):
+        rs_celery._on_worker_init(sender=types.SimpleNamespace(app=app))
+
+
+@pytest.mark.parametrize(
+    ("conf", "says"),
+    [
+        ({}, "set acks_late=True"),
+        ({"task_acks_late": True}, "set task_reject_on_worker_lost=True"),
+        ({"task_acks_late": True, "task_reject_on_worker_lost": True}, None),
+    ],
+    ids=["early-ack", "lost-worker-fails", "redelivered"],
+)
+def test_the_worker_check_warns_of_early_acks_and_lost_workers(
+    conf: dict[str, bool], says: str | None, tmp_path: Any
+) -> None:
+    app = _app("amqp://guest:guest@127.0.0.1:5672//", **conf)
+    name = f"tasks_check.early_{uuid.uuid4().hex[:8]}"
+
+    @app.task(name=name)
+    @idempotent_task(store=f"sqlite:///{tmp_path}/c.db", key="a")
+    def early(a: int) -> int:
+        return a
+
+    # every app also has the tasks other tests declared (shared): this one's problems only
+    problems = [p for p in check_worker(app) if f"{name}:" in p]
+    if says is None:
+        assert problems == []  # RabbitMQ: no visibility timeout
+    else:
+        assert len(problems) == 1 and says in problems[0]
+
+
+def test_redelivery_rules_within_limits_say_nothing() -> None:
+    rules = Redelivery("Celery", "redis", 3600.0)
+    assert redelivery_warnings(rules, "t", IdempotencyConfig(), 600) == []
+
+
+def test_an_async_def_task_is_refused() -> None:
+    async def coro() -> None: ...
+
+    with pytest.raises(ConfigurationError, match="not an async def"):
+        idempotent_task(coro, store="memory://")
+
+
+# -- Dramatiq ------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def stub(tmp_path: Any) -> Iterator[tuple[StubBroker, list[str], Any]]:
+    broker = StubBroker()
+    broker.add_middleware(Results(backend=StubBackend()))
+    broker.add_middleware(Idempotency(store=f"sqlite:///{tmp_path}/d.db"))
+    runs: list[str] = []
+
+    @dramatiq.actor(
+        broker=broker, actor_name="tasks_stub_charge", store_results=True, idempotent=True
+    )
+    def charge(order_id: str, amount: int) -> dict[str, Any]:
+        runs.append(order_id)
+        return {"order_id": order_id, "amount": amount}
+
+    worker = dramatiq.Worker(broker, worker_timeout=50)
+    worker.start()
+    try:
+        yield broker, runs, charge
+    finally:
+        worker.stop()
+        broker.close()
+
+
+def test_dramatiq_a_message_option_key_runs_the_actor_once(stub: Any) -> None:
+    broker, runs, charge = stub
+    first = charge.send_with_options(args=("o-1", 1), **dramatiq_key("order-1"))
+    again = charge.send_with_options(args=("o-1", 1), **dramatiq_key("order-1"))
+    broker.join(charge.queue_name)
+    assert runs == ["o-1"]
+    backend = broker.get_results_backend()
+    assert again.get_result(backend=backend) == first.get_result(backend=backend)
+
+
+def test_dramatiq_a_keyword_key_and_the_message_id(stub: Any) -> None:
+    broker, runs, charge = stub
+    charge.send("o-2", 1, idempotency_key="order-2")
+    charge.send("o-2", 1, idempotency_key="order-2")
+    message = charge.message("o-3", 1)
+    broker.enqueue(message)
+    broker.enqueue(message)  # a redelivery: the same message id
+    broker.join(charge.queue_name)
+    assert sorted(runs) == ["o-2", "o-3"]
+
+
+def test_dramatiq_a_bad_option_is_named() -> None:
+    broker = StubBroker()
+    broker.add_middleware(Idempotency(store="memory://"))
+    with pytest.raises(ConfigurationError, match="idempotent= takes True or a dict"):
+
+        @dramatiq.actor(broker=broker, idempotent="yes")
+        def bad() -> None: ...
+
+    with pytest.raises(ConfigurationError, match="tll"):
+
+        @dramatiq.actor(broker=broker, idempotent={"tll": 5})
+        def typo() -> None: ...
+
+    broker.close()
+
+
+def test_dramatiq_check_compares_the_ttl_with_the_redelivery_delay() -> None:
+    broker = StubBroker()
+    middleware = Idempotency(store="memory://", ttl=30)
+    broker.add_middleware(middleware)
+
+    @dramatiq.actor(broker=broker, idempotent=True)
+    def act() -> None: ...
+
+    broker.heartbeat_timeout = 60_000  # what the Redis broker has
+    assert any("heartbeat_timeout (60 s)" in p for p in middleware.check(broker))
+    broker.heartbeat_timeout = 10_000
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        middleware.after_worker_boot(broker, None)
+    broker.close()
+
+
+def test_delay_on_commit_sends_after_the_commit_and_runs_once(
+    request: pytest.FixtureRequest,
+) -> None:
+    """Django's ``delay_on_commit`` with ``idempotency_key=``: two sends in one committed
+    transaction run once; a rolled-back transaction sends nothing."""
+    request.getfixturevalue("postgres_url")
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.tasks.on_commit"],
+        cwd=Path(__file__).resolve().parents[2],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.splitlines()[-1]) == ["o-1"]
