@@ -324,3 +324,30 @@ def test_sqlalchemy_writes_commit_with_the_task_record(tmp_path: Any) -> None:
     with sqlite3.connect(db) as conn:
         rows = conn.execute("SELECT order_id FROM shipments ORDER BY order_id").fetchall()
     assert rows == [("o-1",), ("o-2",)]
+
+
+def test_dramatiq_a_copy_that_meets_a_running_actor_comes_back_later(tmp_path: Any) -> None:
+    broker = StubBroker()
+    broker.add_middleware(Results(backend=StubBackend()))
+    broker.add_middleware(Idempotency(store=f"sqlite:///{tmp_path}/busy.db", lease=2))
+    release = threading.Event()
+    runs: list[str] = []
+
+    @dramatiq.actor(broker=broker, store_results=True, idempotent={"key": "order_id"})
+    def slow(order_id: str) -> str:
+        runs.append(order_id)
+        release.wait(10)
+        return "done"
+
+    worker = dramatiq.Worker(broker, worker_threads=2, worker_timeout=50)
+    worker.start()
+    try:
+        first, second = slow.send("o-1"), slow.send("o-1")
+        threading.Timer(1.5, release.set).start()
+        backend = broker.get_results_backend()
+        assert first.get_result(backend=backend, block=True, timeout=20_000) == "done"
+        assert second.get_result(backend=backend, block=True, timeout=20_000) == "done"
+    finally:
+        worker.stop()
+        broker.close()
+    assert runs == ["o-1"]
