@@ -33,7 +33,7 @@ def charge(order_id: str) -> str:
     return order_id
 
 
-with start_worker(app, perform_ping_check=False, shutdown_timeout=3):
+with start_worker(app, perform_ping_check=False, shutdown_timeout=10):
     with transaction.atomic():
         charge.delay_on_commit("o-1", idempotency_key="order-1")
         charge.delay_on_commit("o-1", idempotency_key="order-1")  # the view ran twice

@@ -50,7 +50,7 @@ def celery_app(
         runs.append(order_id)
         return {"order_id": order_id, "amount": amount, "task": self.request.id}
 
-    with start_worker(app, perform_ping_check=False, pool="solo", shutdown_timeout=2):
+    with start_worker(app, perform_ping_check=False, pool="solo", shutdown_timeout=10):
         yield app, runs, charge
         runs.clear()
 
@@ -287,3 +287,67 @@ def test_delay_on_commit_sends_after_the_commit_and_runs_once(
     )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout.splitlines()[-1]) == ["o-1"]
+
+
+def test_sqlalchemy_writes_commit_with_the_task_record(tmp_path: Any) -> None:
+    """Same-transaction mode in a worker: a SQLAlchemy session's row and the task's record
+    commit together; a task that raises leaves neither (its redelivery runs it again)."""
+    import sqlite3
+
+    from sqlalchemy import text
+
+    from retrysafe.contrib.sqlalchemy import call_session
+
+    db = tmp_path / "tx.db"
+    with sqlite3.connect(db) as conn:
+        conn.execute("CREATE TABLE shipments (order_id TEXT)")
+    app = Celery("tasks_sa", broker="memory://", backend="cache+memory://")
+    app.conf.task_default_queue = f"tasks_sa_{uuid.uuid4().hex[:8]}"
+    fail = {"o-2"}
+
+    @app.task(name=f"tasks_sa.ship_{uuid.uuid4().hex[:8]}")
+    @idempotent_task(store=f"sqlite:///{db}", key="order_id", transactional=True)
+    def ship(order_id: str) -> str:
+        session = call_session()
+        session.execute(text("INSERT INTO shipments VALUES (:o)"), {"o": order_id})
+        if order_id in fail:
+            fail.discard(order_id)
+            raise RuntimeError("crashed after the write")
+        return order_id
+
+    with start_worker(app, perform_ping_check=False, shutdown_timeout=10):
+        assert ship.delay("o-1").get(timeout=10) == "o-1"
+        assert ship.delay("o-1").get(timeout=10) == "o-1"  # answered: no second row
+        with pytest.raises(RuntimeError):
+            ship.delay("o-2").get(timeout=10)
+        assert ship.delay("o-2").get(timeout=10) == "o-2"  # the write rolled back; runs again
+    with sqlite3.connect(db) as conn:
+        rows = conn.execute("SELECT order_id FROM shipments ORDER BY order_id").fetchall()
+    assert rows == [("o-1",), ("o-2",)]
+
+
+def test_dramatiq_a_copy_that_meets_a_running_actor_comes_back_later(tmp_path: Any) -> None:
+    broker = StubBroker()
+    broker.add_middleware(Results(backend=StubBackend()))
+    broker.add_middleware(Idempotency(store=f"sqlite:///{tmp_path}/busy.db", lease=2))
+    release = threading.Event()
+    runs: list[str] = []
+
+    @dramatiq.actor(broker=broker, store_results=True, idempotent={"key": "order_id"})
+    def slow(order_id: str) -> str:
+        runs.append(order_id)
+        release.wait(10)
+        return "done"
+
+    worker = dramatiq.Worker(broker, worker_threads=2, worker_timeout=50)
+    worker.start()
+    try:
+        first, second = slow.send("o-1"), slow.send("o-1")
+        threading.Timer(1.5, release.set).start()
+        backend = broker.get_results_backend()
+        assert first.get_result(backend=backend, block=True, timeout=20_000) == "done"
+        assert second.get_result(backend=backend, block=True, timeout=20_000) == "done"
+    finally:
+        worker.stop()
+        broker.close()
+    assert runs == ["o-1"]

@@ -12,6 +12,7 @@ used with other arguments and "outcome unknown" raise (:class:`~retrysafe.KeyReu
 
 from __future__ import annotations
 
+import inspect
 import logging
 import warnings
 from collections.abc import Callable, Iterable
@@ -50,8 +51,6 @@ class TaskFunction:
     def __init__(
         self, function: Callable[..., Any], *, where: str, name: str | None, **spec: Any
     ) -> None:
-        import inspect
-
         if inspect.iscoroutinefunction(function):
             raise ConfigurationError(f"{where}: a task is a def function, not an async def")
         if name is None:

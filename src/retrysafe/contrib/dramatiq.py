@@ -19,8 +19,9 @@ The key is, in this order: the business key in the message's options (:func:`ide
 an ``idempotency_key=`` keyword argument, the actor option's ``key`` (a parameter name or a
 callable over the arguments), else the message's id (the same for every redelivery of one
 message). A delivery whose key is complete is answered from the stored result without running;
-one that finds a live worker running the key is enqueued again after a few seconds and skipped
-(not a failure: it does not count against ``max_retries``); one that finds a dead worker's key
+one that finds a live worker running the key is retried after a few seconds (Dramatiq's
+``Retry``, not counted against ``max_retries``; the broker needs the Retries middleware, which
+Dramatiq adds by default); one that finds a dead worker's key
 takes it over. Works the same on the Redis and the RabbitMQ brokers (and any other).
 
 The middleware must be added before the actors are declared (Dramatiq checks actor options
@@ -41,7 +42,8 @@ from ..stores import Store
 from ._tasks import KEY_HEADER, Redelivery, TaskFunction, redelivery_warnings, warn_once
 
 try:
-    from dramatiq.middleware import Middleware, MiddlewareError, SkipMessage
+    from dramatiq.errors import Retry
+    from dramatiq.middleware import Middleware, MiddlewareError, Retries
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError(
         "retrysafe.contrib.dramatiq needs: pip install 'retrysafe[dramatiq]'"
@@ -134,6 +136,11 @@ class Idempotency(Middleware):
         own.setdefault("config", self.config)
         if own["config"] is None:
             options = {**self.options, **options}
+        if not any(isinstance(m, Retries) for m in broker.middleware):
+            raise ConfigurationError(
+                f"actor {actor.actor_name}: the broker has no Retries middleware, which sends a "
+                "copy that met a running one again later (Dramatiq's default middleware has it)"
+            )
         own.setdefault("name", actor.actor_name)
         keyed = TaskFunction(actor.fn, where=f"actor {actor.actor_name}", **own, **options)
         self._keyed[actor.actor_name] = keyed
@@ -151,9 +158,13 @@ class Idempotency(Middleware):
             delivery = keyed.run(args, kwargs, key=key, fallback=message.message_id)
             if not delivery.retry:
                 return delivery.result
-            # A live worker runs the first copy: this one comes back later, never runs now.
-            broker.enqueue(message, delay=(delivery.retry_after or 1) * 1000)
-            raise SkipMessage("retrysafe: the first copy of this message is still running")
+            # A live worker runs the first copy: this one comes back later (the Retries
+            # middleware enqueues it with this delay), never runs now. Waiting for another
+            # worker is not a failed attempt: the count Retries is about to raise stays.
+            message.options["retries"] = message.options.get("retries", 0) - 1
+            raise Retry(
+                "retrysafe: the first copy is still running", (delivery.retry_after or 1) * 1000
+            )
 
         run.retrysafe = keyed  # type: ignore[attr-defined]
         return run
