@@ -50,8 +50,11 @@ unasync: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
+# Three pytest-xdist workers (a test file stays on one worker): most tests wait on servers,
+# workers and brokers they start, so three share two cores well. PYTEST_XDIST=0 runs serially.
+PYTEST_XDIST ?= 3
 unit: $(STAMP)
-	$(BIN)/pytest -m "not chaos" $(PYTEST_ARGS)
+	$(BIN)/pytest -m "not chaos" $(if $(filter-out 0,$(PYTEST_XDIST)),-n $(PYTEST_XDIST) --dist loadfile) $(PYTEST_ARGS)
 
 # The sdist and the wheel, checked as PyPI would (twine); tests/install installs the wheel.
 package: $(STAMP)
