@@ -47,6 +47,7 @@ PUBLIC_MODULES = [
     "retrysafe.client",
     "retrysafe.proxy",
     "retrysafe.ops.stats",
+    "retrysafe.ops.records",
     "retrysafe.contrib.fastapi",
     "retrysafe.contrib.flask",
     "retrysafe.contrib.django",
@@ -62,7 +63,7 @@ PUBLIC_MODULES = [
 NOT_API = {
     "retrysafe.cli": "the command line reference",
     "retrysafe.demo": "the demo, not a library",
-    "retrysafe.ops": "a package; its module ops.stats is API",
+    "retrysafe.ops": "a package; its modules ops.stats and ops.records are API",
     "retrysafe.contrib": "a package of integrations",
     "retrysafe.stores.memory": "re-exported by retrysafe.stores",
     "retrysafe.stores.sqlite": "re-exported by retrysafe.stores",

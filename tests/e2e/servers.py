@@ -91,7 +91,10 @@ class DemoServer:
             cmd.append("--no-worker")
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log = open(self.log_dir / f"demo-{self.port}.log", "ab")  # noqa: SIM115
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        # Never this test run's Django settings (tests/django sets them in this process): the
+        # server, and any Celery worker it starts, configures itself as it would for a user.
+        env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+        env["PYTHONUNBUFFERED"] = "1"
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
         log.close()
         deadline = time.monotonic() + timeout

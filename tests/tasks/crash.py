@@ -114,7 +114,9 @@ class Setup:
         }[plan.store]
         broker = REDIS if plan.broker == "redis" else AMQP
         self.env = {
-            **os.environ,
+            # not the Django settings tests/django may have set in this process: Celery's
+            # Django fix-up would load them in every worker
+            **{k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"},
             "PYTHONPATH": str(ROOT),
             "TASKS_BROKER": broker,
             "TASKS_QUEUE": self.queue,

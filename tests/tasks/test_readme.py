@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 import redis
 
+from tests.docs.harness import user_environment
+
 README = Path(__file__).resolve().parents[2] / "README.md"
 
 pytestmark = pytest.mark.e2e
@@ -37,7 +39,7 @@ def test_the_celery_example_charges_once(tmp_path: Path, redis_url: str) -> None
     assert worker_line == "celery -A tasks worker &"
     (tmp_path / "tasks.py").write_text(python)
     queue = f"tasks_readme_{uuid.uuid4().hex[:8]}"
-    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    env = {**user_environment(), "PYTHONPATH": str(tmp_path)}  # a user's: no test settings
     log = tmp_path / "worker.log"
     with open(log, "w") as out:
         worker = subprocess.Popen(
