@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from retrysafe.demo.app import create_app
+from retrysafe.demo.domain import Settings
 from retrysafe.demo.serve import SERVERS
 
 from ..integrations.helpers import client_for
@@ -109,7 +110,7 @@ async def test_orderhub_answers_a_database_that_stays_busy_with_503_problems(
     problem and Retry-After, never a 500; reads and replays are unaffected."""
     path = tmp_path / "demo.db"
     url = f"sqlite:///{path}?busy_timeout=0.2"
-    app = create_app(store=url, db=url)
+    app = create_app(Settings(store=url, db=url))
     async with client_for(app) as client:
         keyed = {**ALICE, "Idempotency-Key": '"p1"'}
         done = await client.post("/payments", json=PAYMENT, headers=keyed)

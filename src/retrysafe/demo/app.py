@@ -64,36 +64,22 @@ class OrderHubSetup:
     metrics: bool
 
 
-def orderhub_setup(
-    *, store: str, db: str | None, ttl: float, lease: float, transactional: bool | None
-) -> OrderHubSetup:
-    """Resolve the store (a bad URL fails here, at start-up) and open the data layer.
-
-    Args:
-        store: the idempotency store URL.
-        db: where orders and payments live (``None``: :func:`~.domain.default_db_url`).
-        ttl: retention of completed records, seconds.
-        lease: lease of in-progress records, seconds.
-        transactional: commit each record with its stored response; ``None``: when the
-            records live in the store's own SQL database.
-    """
-    idempotency_store = resolve_async_store(store)
-    db_url = db or domain.default_db_url(store)
-    if transactional is None:
-        transactional = domain.same_database(store, db_url) and callable(
-            getattr(idempotency_store, "begin", None)
-        )
-    hub = AsyncOrderHub(db_url, transactional=transactional)
+def orderhub_setup(settings: domain.Settings) -> OrderHubSetup:
+    """Resolve the store (a bad URL fails here, at start-up) and open the data layer."""
+    idempotency_store = resolve_async_store(settings.store)
+    transactional = settings.is_transactional(callable(getattr(idempotency_store, "begin", None)))
+    hub = AsyncOrderHub(settings.db_url, transactional=transactional)
     on_event = None
     metrics = _metrics()
     if metrics is not None:
         # Count every outcome and time every store call; GET /metrics serves them.
         wired = metrics.wire(idempotency_store)
         idempotency_store, on_event = wired["store"], wired["on_event"]
-    config = IdempotencyConfig(ttl=ttl, lease=lease, transactional=transactional, on_event=on_event)
-    return OrderHubSetup(
-        idempotency_store, config, hub, domain.page(store, db_url), metrics is not None
+    config = IdempotencyConfig.from_mapping(
+        {**settings.timing(), "transactional": transactional, "on_event": on_event}
     )
+    page = domain.page(settings.store, settings.db_url)
+    return OrderHubSetup(idempotency_store, config, hub, page, metrics is not None)
 
 
 def problem_response(problem: domain.Problem, headers: Mapping[str, str] | None = None) -> Response:
@@ -175,28 +161,17 @@ async def metrics(request: Request) -> Response:
     return Response(body, media_type=content_type)
 
 
-def create_app(
-    *,
-    store: str = domain.DEFAULT_STORE,
-    db: str | None = None,
-    ttl: float = 24 * 3600.0,
-    lease: float = 30.0,
-    transactional: bool | None = None,
-) -> Starlette:
+def create_app(settings: domain.Settings | None = None) -> Starlette:
     """Build OrderHub on Starlette.
 
     Args:
-        store: the idempotency store URL.
-        db: where orders and payments live (default: the store's database when it is SQL).
-        ttl: retention of completed records, seconds.
-        lease: lease of in-progress records, seconds.
-        transactional: commit orders together with the stored responses; by default on when
-            the orders live in the store's own SQL database.
+        settings: the store, the orders' database, ``ttl``, ``lease`` and transactional mode
+            (default: :class:`~retrysafe.demo.domain.Settings`' defaults).
 
     Returns:
         The ASGI app.
     """
-    setup = orderhub_setup(store=store, db=db, ttl=ttl, lease=lease, transactional=transactional)
+    setup = orderhub_setup(settings or domain.Settings())
     routes = [
         Route("/", index),
         Route("/orders", create_order, methods=["POST"]),

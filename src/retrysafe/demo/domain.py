@@ -4,8 +4,9 @@ Every framework's OrderHub (``app.py`` Starlette, ``fastapi_app.py``, ``flask_ap
 ``django_app``) translates a request into these calls and their results into a response, and
 nothing else: what an order and a payment are and how their bodies are checked
 (:data:`KINDS`, :func:`parse_record`), the problem answers (:class:`Problem`), who the demo user
-is (:func:`owner`), the knobs (:class:`Knobs`), where the data lives by default
-(:func:`default_db_url`, :func:`same_database`) and the page (:func:`page`). The data layer and
+is (:func:`owner`), the knobs (:class:`Knobs`), how an OrderHub is set up (:class:`Settings`:
+where the data lives by default, :func:`default_db_url`, :func:`same_database`) and the page
+(:func:`page`). The data layer and
 the one write path are ``_async_hub.py`` (+ its generated sync twin ``_sync_hub.py``).
 
 This module imports no framework (so ``retrysafe demo --help`` needs none).
@@ -13,6 +14,7 @@ This module imports no framework (so ``retrysafe demo --help`` needs none).
 
 from __future__ import annotations
 
+import argparse
 import functools
 import html
 import json
@@ -37,6 +39,7 @@ __all__ = [
     "Kind",
     "Knobs",
     "Problem",
+    "Settings",
     "check_number",
     "check_text",
     "default_db_url",
@@ -300,6 +303,50 @@ class Knobs:
         """Raise :class:`DemoFailure` when ``?fail=1`` asked for it."""
         if self.fail:
             raise DemoFailure(f"the {kind.name} handler failed on purpose (?fail=1)")
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """How an OrderHub is set up, whatever its framework: every ``create_app`` takes one.
+
+    Attributes:
+        store: the idempotency store URL.
+        db: where orders and payments live (``None``: :func:`default_db_url` of the store).
+        ttl: retention of completed records, seconds (``None``: the library's default).
+        lease: lease of in-progress records, seconds (``None``: the library's default, shorter
+            with a short ``ttl``).
+        transactional: commit each order together with its stored response; ``None``: when the
+            orders live in the store's own SQL database (and the store can).
+    """
+
+    store: str = DEFAULT_STORE
+    db: str | None = None
+    ttl: float | None = None
+    lease: float | None = None
+    transactional: bool | None = None
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> Settings:
+        """The settings ``retrysafe demo``'s flags give (``--store``, ``--db``, ``--ttl``,
+        ``--lease``)."""
+        return cls(args.store, args.db, args.ttl, args.lease)
+
+    @property
+    def db_url(self) -> str:
+        """Where orders and payments live."""
+        return self.db or default_db_url(self.store)
+
+    def is_transactional(self, store_can: bool = True) -> bool:
+        """Transactional mode: as asked, else whether the orders live in the store's own SQL
+        database and the store (``store_can``) has transactions."""
+        if self.transactional is not None:
+            return self.transactional
+        return store_can and same_database(self.store, self.db_url)
+
+    def timing(self) -> dict[str, float]:
+        """``ttl`` and ``lease`` as ``IdempotencyConfig`` keywords, where given."""
+        given = {"ttl": self.ttl, "lease": self.lease}
+        return {name: value for name, value in given.items() if value is not None}
 
 
 def parse_limit(raw: str | None) -> int | None:

@@ -298,20 +298,13 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     return problem_response(domain.Problem(exc.status_code, title, title), exc.headers)
 
 
-def create_app(
-    *,
-    store: str = domain.DEFAULT_STORE,
-    db: str | None = None,
-    ttl: float = 24 * 3600.0,
-    lease: float = 30.0,
-    transactional: bool | None = None,
-) -> FastAPI:
-    """Build OrderHub on FastAPI (the arguments of :func:`retrysafe.demo.app.create_app`).
+def create_app(settings: domain.Settings | None = None) -> FastAPI:
+    """Build OrderHub on FastAPI (the settings of :func:`retrysafe.demo.app.create_app`).
 
     Returns:
         The FastAPI app.
     """
-    setup = orderhub_setup(store=store, db=db, ttl=ttl, lease=lease, transactional=transactional)
+    setup = orderhub_setup(settings or domain.Settings())
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

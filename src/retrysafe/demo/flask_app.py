@@ -121,30 +121,22 @@ def http_error(exc: HTTPException) -> Response:
     return _problem(domain.Problem(exc.code or 500, exc.name, exc.description or exc.name))
 
 
-def create_app(
-    *,
-    store: str = domain.DEFAULT_STORE,
-    db: str | None = None,
-    ttl: float = 24 * 3600.0,
-    lease: float = 30.0,
-    transactional: bool | None = None,
-) -> Flask:
-    """Build OrderHub on Flask (the arguments of every OrderHub's ``create_app``: the store URL,
-    the ``--db`` URL, ``ttl`` and ``lease`` seconds, transactional mode or the default).
+def create_app(settings: domain.Settings | None = None) -> Flask:
+    """Build OrderHub on Flask (the settings of every OrderHub's ``create_app``).
 
     Returns:
         The Flask app (``app.extensions["retrysafe"]`` holds the store,
         ``app.extensions["orderhub"]`` the data layer).
     """
-    db_url = db or domain.default_db_url(store)
-    if transactional is None:
-        transactional = domain.same_database(store, db_url)
+    settings = settings or domain.Settings()
+    transactional = settings.is_transactional()
     app = Flask(__name__)
     app.config.update(
-        RETRYSAFE_TTL=ttl, RETRYSAFE_LEASE=lease, ORDERHUB_PAGE=domain.page(store, db_url)
+        {f"RETRYSAFE_{name.upper()}": value for name, value in settings.timing().items()},
+        ORDERHUB_PAGE=domain.page(settings.store, settings.db_url),
     )
-    Idempotency(app, store=store, transactional=transactional)
-    app.extensions["orderhub"] = OrderHub(db_url, transactional=transactional)
+    Idempotency(app, store=settings.store, transactional=transactional)
+    app.extensions["orderhub"] = OrderHub(settings.db_url, transactional=transactional)
     app.register_blueprint(orderhub)
     return app
 
@@ -176,7 +168,7 @@ def _gunicorn_app(args: argparse.Namespace) -> Any:
                 self.cfg.set(name, value)
 
         def load(self) -> Flask:
-            return create_app(store=args.store, db=args.db, ttl=args.ttl, lease=args.lease)
+            return create_app(domain.Settings.from_args(args))
 
     return OrderHubServer()
 
@@ -190,7 +182,7 @@ def serve(args: argparse.Namespace) -> None:
     """
     # Build the app once here, so a bad URL or setting fails now with its message rather than
     # as a worker that cannot boot. Then drop it: workers must not inherit open connections.
-    probe = create_app(store=args.store, db=args.db, ttl=args.ttl, lease=args.lease)
+    probe = create_app(domain.Settings.from_args(args))
     probe.extensions["orderhub"].close()
     Idempotency.state(probe).store.close()
     _gunicorn_app(args).run()

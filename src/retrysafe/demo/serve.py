@@ -12,6 +12,7 @@ from collections.abc import Callable
 from importlib import import_module
 
 from .._core.errors import ConfigurationError
+from .domain import Settings
 
 __all__ = ["SERVERS", "serve_asgi"]
 
@@ -22,7 +23,7 @@ def serve_asgi(args: argparse.Namespace, module: str) -> None:
 
     create_app = import_module(f"retrysafe.demo.{module}").create_app
     try:
-        app = create_app(store=args.store, db=args.db, ttl=args.ttl, lease=args.lease)
+        app = create_app(Settings.from_args(args))
     except ValueError as exc:  # a driver's own URL parsing (e.g. redis-py's options)
         raise ConfigurationError(f"invalid store URL: {exc}") from exc
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)

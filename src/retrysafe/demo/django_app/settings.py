@@ -64,8 +64,12 @@ DATABASES = {"default": database(ORDERHUB_DB)}
 RETRYSAFE = {
     "STORE": "django" if SAME_DATABASE else ORDERHUB_STORE,
     "TRANSACTIONAL": SAME_DATABASE,
-    "TTL": float(os.environ.get("RETRYSAFE_DEMO_TTL", 24 * 3600)),
-    "LEASE": float(os.environ.get("RETRYSAFE_DEMO_LEASE", 30)),
+    # The library's defaults unless ``retrysafe demo`` passed --ttl / --lease.
+    **{
+        name: os.environ[f"RETRYSAFE_DEMO_{name}"]
+        for name in ("TTL", "LEASE")
+        if f"RETRYSAFE_DEMO_{name}" in os.environ
+    },
 }
 LOGGING = {
     "version": 1,
