@@ -20,6 +20,7 @@ from ._core.config import IdempotencyConfig
 from ._core.errors import ConfigurationError, IdempotencyError
 from ._core.keys import parse_key, record_id
 from ._core.options import ConfigSource, boolean, read_options, seconds, suggestion
+from ._core.records import Record
 from ._core.scope import authorization_scope
 from .stores import Store, store_from_url
 
@@ -281,12 +282,19 @@ def _record_id(args: argparse.Namespace) -> str:
     return record_id(_scope_of(args), args.method.upper(), args.path, key)
 
 
+def _lookup(store: Store, rid: str, missing: str) -> Record | None:
+    """The record ``rid``, or ``None`` once ``missing`` is said about it."""
+    record = store.get(rid)
+    if record is None:
+        print(f"record {rid[:16]}: {missing}")
+    return record
+
+
 def _inspect(args: argparse.Namespace) -> int:
     rid = _record_id(args)
     with _open_store(args.store) as store:
-        record = store.get(rid)
+        record = _lookup(store, rid, "none (never used, released, or expired)")
     if record is None:
-        print(f"record {rid[:16]}: none (never used, released, or expired)")
         return 1
     state: str = record.state
     if state == "in_progress" and record.committed:
@@ -313,9 +321,8 @@ def _inspect(args: argparse.Namespace) -> int:
 def _resolve(args: argparse.Namespace) -> int:
     rid = _record_id(args)
     with _open_store(args.store) as store:
-        record = store.get(rid)
+        record = _lookup(store, rid, "none; nothing to resolve")
         if record is None:
-            print(f"record {rid[:16]}: none; nothing to resolve")
             return 1
         if record.state == "completed" and not args.force:
             print(f"record {rid[:16]} is completed; use --force to delete a stored response")
