@@ -44,6 +44,10 @@ class _StoreFailed(Exception):
     """A store could not be opened or used; carries the one line to print."""
 
 
+class _NoRecord(Exception):
+    """The record a command names is not there (said already): exit status 1."""
+
+
 #: The extra that brings a store driver, for a store that imports its driver on first use.
 _DRIVER_EXTRAS = {"psycopg": "postgres", "psycopg_pool": "postgres", "redis": "redis"}
 
@@ -282,48 +286,45 @@ def _record_id(args: argparse.Namespace) -> str:
     return record_id(_scope_of(args), args.method.upper(), args.path, key)
 
 
-def _lookup(store: Store, rid: str, missing: str) -> Record | None:
-    """The record ``rid``, or ``None`` once ``missing`` is said about it."""
-    record = store.get(rid)
-    if record is None:
-        print(f"record {rid[:16]}: {missing}")
-    return record
+@contextlib.contextmanager
+def _keyed_record(args: argparse.Namespace, missing: str) -> Iterator[tuple[Store, str, Record]]:
+    """The open store, the record id the flags name and its record; when there is none,
+    ``missing`` is said and the command exits 1 (:class:`_NoRecord`; the block does not run)."""
+    rid = _record_id(args)
+    with _open_store(args.store) as store:
+        record = store.get(rid)
+        if record is None:
+            print(f"record {rid[:16]}: {missing}")
+            raise _NoRecord
+        yield store, rid, record
 
 
 def _inspect(args: argparse.Namespace) -> int:
-    rid = _record_id(args)
-    with _open_store(args.store) as store:
-        record = _lookup(store, rid, "none (never used, released, or expired)")
-    if record is None:
-        return 1
-    state: str = record.state
-    if state == "in_progress" and record.committed:
-        state = "in_progress, effects committed"
-        if record.lease_remaining <= 0:
-            state = "OUTCOME UNKNOWN (effects committed, response never stored)"
-    print(f"record {rid[:16]}: {state}")
-    if args.function:
-        print(f"  kind: call, function: {args.function}")
-    if record.state == "in_progress":
-        print(f"  lease remaining: {record.lease_remaining:.1f} s")
-    elif record.response is not None and args.function:
-        from ._core.call import describe_outcome
+    with _keyed_record(args, "none (never used, released, or expired)") as (_, rid, record):
+        state: str = record.state
+        if state == "in_progress" and record.committed:
+            state = "in_progress, effects committed"
+            if record.lease_remaining <= 0:
+                state = "OUTCOME UNKNOWN (effects committed, response never stored)"
+        print(f"record {rid[:16]}: {state}")
+        if args.function:
+            print(f"  kind: call, function: {args.function}")
+        if record.state == "in_progress":
+            print(f"  lease remaining: {record.lease_remaining:.1f} s")
+        elif record.response is not None and args.function:
+            from ._core.call import describe_outcome
 
-        print(f"  {describe_outcome(bytes(record.response))}")
-    elif record.response is not None:
-        from ._core.codec import decode_response
+            print(f"  {describe_outcome(bytes(record.response))}")
+        elif record.response is not None:
+            from ._core.codec import decode_response
 
-        stored = decode_response(record.response)
-        print(f"  status: {stored.status}, body: {len(stored.body)} bytes")
+            stored = decode_response(record.response)
+            print(f"  status: {stored.status}, body: {len(stored.body)} bytes")
     return 0
 
 
 def _resolve(args: argparse.Namespace) -> int:
-    rid = _record_id(args)
-    with _open_store(args.store) as store:
-        record = _lookup(store, rid, "none; nothing to resolve")
-        if record is None:
-            return 1
+    with _keyed_record(args, "none; nothing to resolve") as (store, rid, record):
         if record.state == "completed" and not args.force:
             print(f"record {rid[:16]} is completed; use --force to delete a stored response")
             return 1
@@ -498,6 +499,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if unknown:
             raise _unknown_arguments(parser, args, unknown)
         code: int = args.func(args)
+    except _NoRecord:
+        return 1
     except (_StoreFailed, IdempotencyError) as exc:
         _fail(str(exc))
         return 2
