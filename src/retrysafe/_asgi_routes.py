@@ -6,7 +6,10 @@ the middleware wrapped around a Starlette or FastAPI app (``app = IdempotencyMid
 ...)``) sees them as well as one placed inside the app's own stack. Failing that, the app in
 ``scope["app"]``, which Starlette and FastAPI set before their own middleware runs. The marked
 routes of an app are kept once (cached per app), and a request is matched against those alone
-with the routes' own ``matches(scope)``. An app without routes costs nothing.
+with the routes' own ``matches(scope)``. Routes under a ``Mount`` (a sub-app or a list of routes
+under a path prefix, also FastAPI's ``app.mount``) are found too: the request is matched against
+the mount first, then against the route with the scope the mount gives its children. An app
+without routes costs nothing.
 """
 
 from __future__ import annotations
@@ -21,14 +24,48 @@ from ._core.routes import ROUTE_OPTIONS_ATTR, route_config
 __all__ = ["RouteTable", "find_route_options", "route_template", "routes_owner"]
 
 
-def _marked_routes(routes: Any) -> list[tuple[Any, RouteOptions]]:
-    found: list[tuple[Any, RouteOptions]] = []
+#: A marked route and the mounts in front of it (outermost first), and the options it carries.
+Marked = tuple[tuple[Any, ...], Any, RouteOptions]
+
+#: How deep :func:`_marked_routes` follows mounts inside mounts.
+_MOUNT_DEPTH = 8
+
+
+def _marked_routes(routes: Any, mounts: tuple[Any, ...] = ()) -> list[Marked]:
+    found: list[Marked] = []
     for route in routes or ():
+        children = _mounted_routes(route)
+        if children is not None:
+            if len(mounts) < _MOUNT_DEPTH:
+                found.extend(_marked_routes(children, (*mounts, route)))
+            continue
         endpoint = getattr(route, "endpoint", None)
         options = getattr(endpoint, ROUTE_OPTIONS_ATTR, None)
         if isinstance(options, RouteOptions) and hasattr(route, "matches"):
-            found.append((route, options))
+            found.append((mounts, route, options))
     return found
+
+
+def _mounted_routes(route: Any) -> list[Any] | None:
+    """The routes under a ``Mount`` (or ``Host``), or ``None`` for any other route."""
+    if not hasattr(route, "matches") or hasattr(route, "endpoint"):
+        return None
+    try:
+        children = getattr(route, "routes", None)
+    except Exception:  # a mounted app whose routes cannot be read: nothing to match
+        return None
+    return children if isinstance(children, list) and children else None
+
+
+def _full_match(mounts: tuple[Any, ...], route: Any, scope: Mapping[str, Any]) -> bool:
+    """Whether ``route``, behind ``mounts``, takes this request (``Match.FULL`` all the way)."""
+    for mount in mounts:
+        match, child = mount.matches(scope)
+        if getattr(match, "value", 0) != 2:  # starlette.routing.Match.FULL
+            return False
+        scope = {**scope, **child}
+    match, _ = route.matches(scope)
+    return getattr(match, "value", 0) == 2
 
 
 #: How far down a chain of wrapping middleware :func:`routes_owner` looks.
@@ -72,7 +109,7 @@ class RouteTable:
 
     def __init__(self, owner: Any = None) -> None:
         self._owner = owner
-        self._by_app: dict[int, tuple[int, list[tuple[Any, RouteOptions]]]] = {}
+        self._by_app: dict[int, tuple[int, list[Marked]]] = {}
         self._configs: dict[int, IdempotencyConfig] = {}
 
     def config(self, scope: Mapping[str, Any], base: IdempotencyConfig) -> IdempotencyConfig | None:
@@ -97,11 +134,13 @@ class RouteTable:
         return route_template(scope, self._owner)
 
 
-def find_route_options(
-    marked: list[tuple[Any, RouteOptions]], scope: Mapping[str, Any]
-) -> RouteOptions | None:
+def find_route_options(marked: list[Marked], scope: Mapping[str, Any]) -> RouteOptions | None:
     """Return the options of the first marked route whose path (and method) matches."""
-    for route, options in marked:
+    for mounts, route, options in marked:
+        if mounts:
+            if _full_match(mounts, route, scope):
+                return options
+            continue
         match, _ = route.matches(scope)
         if match.value == 2:  # starlette.routing.Match.FULL
             return options
@@ -134,23 +173,34 @@ def route_template(scope: Mapping[str, Any], owner: Any = None) -> str | None:
     cache_key = (len(routes), scope.get("method"), scope.get("path"))
     if cache_key in templates:
         return templates[cache_key]
-    found: str | None = None
-    for candidate in routes:
-        # A Mount's own path is only a prefix of its routes' templates: not a label.
-        if getattr(candidate, "routes", None) or not hasattr(candidate, "matches"):
-            continue
-        try:
-            match, _ = candidate.matches(scope)
-        except Exception:
-            continue
-        if getattr(match, "value", 0) == 2:  # starlette.routing.Match.FULL
-            template = getattr(candidate, "path_format", None) or getattr(candidate, "path", None)
-            found = template if isinstance(template, str) else None
-            break
+    found = _template_in(routes, scope, "", 0)
     if len(templates) >= _TEMPLATES_MAX:
         templates.clear()  # raw paths with ids in them must not grow it without bound
     templates[cache_key] = found
     return found
+
+
+def _template_in(routes: Any, scope: Mapping[str, Any], prefix: str, depth: int) -> str | None:
+    """The template of the route in ``routes`` that takes this request, behind ``prefix``."""
+    for candidate in routes:
+        if not hasattr(candidate, "matches"):
+            continue
+        try:
+            match, child = candidate.matches(scope)
+        except Exception:
+            continue
+        if getattr(match, "value", 0) != 2:  # starlette.routing.Match.FULL
+            continue
+        children = _mounted_routes(candidate)
+        if children is not None:
+            # A Mount's own path (``/v1``, not its ``/v1/{path}`` format) prefixes its routes'.
+            mounted = getattr(candidate, "path", None)
+            if depth >= _MOUNT_DEPTH or not isinstance(mounted, str):
+                return None
+            return _template_in(children, {**scope, **child}, prefix + mounted, depth + 1)
+        template = getattr(candidate, "path_format", None) or getattr(candidate, "path", None)
+        return prefix + template if isinstance(template, str) else None
+    return None
 
 
 #: app -> ``(route count, method, path)`` -> route template, for :func:`route_template`.

@@ -18,9 +18,7 @@ from typing import Any
 from . import __version__
 from ._core.config import IdempotencyConfig
 from ._core.errors import ConfigurationError, IdempotencyError
-from ._core.keys import parse_key, record_id
 from ._core.options import ConfigSource, boolean, read_options, seconds, suggestion
-from ._core.records import Record
 from ._core.scope import authorization_scope
 from .stores import Store, store_from_url
 
@@ -42,10 +40,6 @@ DEMO_FRAMEWORKS = ("starlette", "fastapi", "flask", "django")
 
 class _StoreFailed(Exception):
     """A store could not be opened or used; carries the one line to print."""
-
-
-class _NoRecord(Exception):
-    """The record a command names is not there (said already): exit status 1."""
 
 
 #: The extra that brings a store driver, for a store that imports its driver on first use.
@@ -99,6 +93,7 @@ def _store_arg(parser: argparse.ArgumentParser, default: str | None = None) -> N
 
 
 _KEY_HELP = "the Idempotency-Key header's value as sent: '\"k1\"' (an sf-string) or k1"
+_METHOD_HELP = "the request's method (default POST; not with --function)"
 
 
 def _scope_args(parser: argparse.ArgumentParser) -> None:
@@ -275,63 +270,32 @@ def _check(args: argparse.Namespace) -> int:
 
 def _record_id(args: argparse.Namespace) -> str:
     """The record id ``--key`` names: of a request (``--path``, ``--method``, the scope) or of
-    an idempotent function's call (``--function``, the key as the function gave it). A request's
-    key is given as the client sends the header's value: an sf-string (``'"k1"'``) or a bare
-    token (``k1``) name the same key."""
-    if args.function:
-        from ._core.call import call_record_id
+    an idempotent function's call (``--function``)."""
+    from .ops.records import target_record_id
 
-        return call_record_id(args.function, args.key)
-    key = parse_key([args.key.encode("utf-8", "surrogateescape")])
-    return record_id(_scope_of(args), args.method.upper(), args.path, key)
-
-
-@contextlib.contextmanager
-def _keyed_record(args: argparse.Namespace, missing: str) -> Iterator[tuple[Store, str, Record]]:
-    """The open store, the record id the flags name and its record; when there is none,
-    ``missing`` is said and the command exits 1 (:class:`_NoRecord`; the block does not run)."""
-    rid = _record_id(args)
-    with _open_store(args.store) as store:
-        record = store.get(rid)
-        if record is None:
-            print(f"record {rid[:16]}: {missing}")
-            raise _NoRecord
-        yield store, rid, record
+    return target_record_id(
+        args.key, path=args.path, function=args.function, method=args.method, scope=_scope_of(args)
+    )
 
 
 def _inspect(args: argparse.Namespace) -> int:
-    with _keyed_record(args, "none (never used, released, or expired)") as (_, rid, record):
-        state: str = record.state
-        if state == "in_progress" and record.committed:
-            state = "in_progress, effects committed"
-            if record.lease_remaining <= 0:
-                state = "OUTCOME UNKNOWN (effects committed, response never stored)"
-        print(f"record {rid[:16]}: {state}")
-        if args.function:
-            print(f"  kind: call, function: {args.function}")
-        if record.state == "in_progress":
-            print(f"  lease remaining: {record.lease_remaining:.1f} s")
-        elif record.response is not None and args.function:
-            from ._core.call import describe_outcome
+    from .ops.records import describe
 
-            print(f"  {describe_outcome(bytes(record.response))}")
-        elif record.response is not None:
-            from ._core.codec import decode_response
-
-            stored = decode_response(record.response)
-            print(f"  status: {stored.status}, body: {len(stored.body)} bytes")
-    return 0
+    rid = _record_id(args)
+    with _open_store(args.store) as store:
+        record = store.get(rid)
+    print("\n".join(describe(rid, record, function=args.function)))
+    return 0 if record is not None else 1
 
 
 def _resolve(args: argparse.Namespace) -> int:
-    with _keyed_record(args, "none; nothing to resolve") as (store, rid, record):
-        if record.state == "completed" and not args.force:
-            print(f"record {rid[:16]} is completed; use --force to delete a stored response")
-            return 1
-        store.delete(rid)
-    what = "call" if args.function else "request"
-    print(f"record {rid[:16]} deleted: the next {what} with this key runs the operation")
-    return 0
+    from .ops.records import resolve
+
+    rid = _record_id(args)
+    with _open_store(args.store) as store:
+        deleted, message = resolve(store, rid, force=args.force, call=bool(args.function))
+    print(message)
+    return 0 if deleted else 1
 
 
 def _schema(args: argparse.Namespace) -> int:
@@ -458,7 +422,7 @@ def build_parser() -> argparse.ArgumentParser:
     inspect = sub.add_parser("inspect", help="show the record of one key")
     _store_arg(inspect)
     inspect.add_argument("--key", required=True, help=_KEY_HELP)
-    inspect.add_argument("--method", default="POST")
+    inspect.add_argument("--method", default="POST", help=_METHOD_HELP)
     _target_args(inspect)
     _scope_args(inspect)
     inspect.set_defaults(func=_inspect)
@@ -470,7 +434,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _store_arg(resolve)
     resolve.add_argument("--key", required=True, help=_KEY_HELP)
-    resolve.add_argument("--method", default="POST")
+    resolve.add_argument("--method", default="POST", help=_METHOD_HELP)
     _target_args(resolve)
     _scope_args(resolve)
     resolve.add_argument("--force", action="store_true", help="also delete a completed record")
@@ -499,8 +463,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         if unknown:
             raise _unknown_arguments(parser, args, unknown)
         code: int = args.func(args)
-    except _NoRecord:
-        return 1
     except (_StoreFailed, IdempotencyError) as exc:
         _fail(str(exc))
         return 2

@@ -61,6 +61,10 @@ def test_inspect_resolve_stats_and_purge_cover_call_records(
     assert f"final exception: {__name__}.Declined: card declined" in out
     code, out = cli("inspect", "--function", "charge", "--key", "lost")
     assert code == 0 and "OUTCOME UNKNOWN" in out
+    # a call's record has no scope: a scope given with --function is refused, never ignored
+    code = main(["inspect", "--store", url, "--function", "charge", "--key", "paid",
+                 "--scope", "tenant-a"])  # fmt: skip
+    assert code == 2 and "has no scope" in capsys.readouterr().err
     code, out = cli("stats", "--json")
     stats = json.loads(out)
     assert (stats["completed"], stats["outcome_unknown"]) == (2, 1)

@@ -78,6 +78,41 @@ def test_inspect_by_user() -> None:
         _run("retrysafe_inspect", "--key", "k", "--path", "/orders", "--user", "nobody")
 
 
+def test_the_key_is_named_as_the_client_sent_the_header() -> None:
+    Api("django").post("/orders", key="k1")
+    # '"k1"' is the header's value as an sf-string, exactly as the README's curl sends it
+    assert ": completed" in _run("retrysafe_inspect", "--key", '"k1"', "--path", "/orders")
+    assert ": completed" in _run("retrysafe_inspect", "--key", "k1", "--path", "/orders")
+
+
+def test_inspect_and_resolve_a_function_call_on_the_django_store() -> None:
+    from retrysafe import functions, idempotent_function
+
+    runs: list[str] = []
+
+    @idempotent_function(store="django", key="order_id", name="charge")
+    def charge(order_id: str) -> dict[str, str]:
+        runs.append(order_id)
+        if order_id == "lost":
+            functions.mark_committed()
+            raise ConnectionError("the provider's answer was lost")
+        return {"charged": order_id}
+
+    charge("paid")
+    with pytest.raises(ConnectionError):
+        charge("lost")
+    shown = _run("retrysafe_inspect", "--function", "charge", "--key", "paid")
+    assert ": completed" in shown and "kind: call, function: charge" in shown
+    assert "OUTCOME UNKNOWN" in _run("retrysafe_inspect", "--function", "charge", "--key", "lost")
+    with pytest.raises(CommandError, match="has no scope"):
+        _run("retrysafe_inspect", "--function", "charge", "--key", "paid", "--scope", "t")
+    assert "next call with this key" in _run("retrysafe_resolve", "--function", "charge",
+                                             "--key", "lost")  # fmt: skip
+    with pytest.raises(ConnectionError):
+        charge("lost")
+    assert runs == ["paid", "lost", "lost"]
+
+
 def test_purge_deletes_expired_records_only() -> None:
     past = DjangoStore(clock=lambda: time.time() - 7200)  # written two hours ago
     past.reserve("old", "fp", lease=1, ttl=1)

@@ -132,3 +132,66 @@ def test_an_app_without_routes_has_no_route_owner() -> None:
     assert routes_owner(app) is app.router  # the same routes, without the property
     assert routes_owner(CORSMiddleware(app, allow_origins=["*"])) is app.router
     assert routes_owner(app.router) is app.router
+
+
+def mounted_app() -> Starlette:
+    """Marked routes under mounts: a list of routes, a sub-app, and a mount inside a mount."""
+    from starlette.routing import Mount
+
+    sub = Starlette(routes=[Route("/payments/{id}", pay, methods=["POST"])])
+    return Starlette(
+        routes=[
+            Mount("/v1", routes=[Route("/payments/{id}", pay, methods=["POST"])]),
+            Mount("/v2", app=sub),
+            Mount(
+                "/v3",
+                routes=[Mount("/shop", routes=[Route("/webhooks", webhook, methods=["POST"])])],
+            ),
+        ]
+    )
+
+
+@pytest.mark.parametrize("placement", ["wrapped", "inside"])
+async def test_marked_routes_under_a_mount_are_found(placement: str) -> None:
+    events: list[tuple[str, object]] = []
+    options: dict[str, Any] = {
+        "store": AsyncMemoryStore(),
+        "on_event": lambda e, d: events.append((e, d["route"])),
+    }
+    if placement == "wrapped":
+        app: Any = IdempotencyMiddleware(mounted_app(), **options)
+    else:
+        app = mounted_app()
+        app.user_middleware.append(Middleware(IdempotencyMiddleware, **options))  # type: ignore[arg-type]
+    async with client_for(app) as client:
+        for prefix in ("/v1", "/v2"):
+            missing = await client.post(f"{prefix}/payments/7", json={})
+            assert missing.status_code == 400, prefix
+            assert problem_type(missing) == "idempotency-key-missing"
+            first = await client.post(f"{prefix}/payments/7", json={}, headers=key(prefix))
+            again = await client.post(f"{prefix}/payments/7", json={}, headers=key(prefix))
+            assert first.status_code == 201 and again.headers[REPLAYED] == "true", prefix
+        # enabled=False two mounts deep: never stored, never replayed
+        one = await client.post("/v3/shop/webhooks", json={}, headers=key("m3"))
+        two = await client.post("/v3/shop/webhooks", json={}, headers=key("m3"))
+        assert one.status_code == two.status_code == 201 and REPLAYED not in two.headers
+    routes = {route for _, route in events}
+    assert routes == {"/v1/payments/{id}", "/v2/payments/{id}"}, events
+
+
+async def test_a_route_under_fastapis_mount_is_found() -> None:
+    api = FastAPI()
+    sub = FastAPI()
+
+    @sub.post("/orders", status_code=201)
+    @idempotent(required=True)
+    async def order(body: dict[str, int]) -> dict[str, int]:
+        return body
+
+    api.mount("/shop", sub)
+    app = IdempotencyMiddleware(api, store=AsyncMemoryStore())
+    async with client_for(app) as client:
+        assert (await client.post("/shop/orders", json={"n": 1})).status_code == 400
+        assert (
+            await client.post("/shop/orders", json={"n": 1}, headers=key("m4"))
+        ).status_code == 201

@@ -600,6 +600,10 @@ def test_the_cli_group_checks_inspects_resolves_and_purges_the_apps_store(
     unscoped = runner.invoke(args=["retrysafe", "inspect", "--key", "cli-1", "--path", "/orders"])
     assert unscoped.exit_code == 1  # another scope: no such record
     assert "none" in unscoped.output
+    call = runner.invoke(args=["retrysafe", "inspect", "--key", "cli-1", "--function", "charge"])
+    assert call.exit_code == 1 and "none" in call.output  # a call's record, not the request's
+    neither = runner.invoke(args=["retrysafe", "inspect", "--key", "cli-1"])
+    assert neither.exit_code == 2 and "--path" in neither.output
 
     refused = runner.invoke(args=["retrysafe", "resolve", *where])
     assert refused.exit_code == 1

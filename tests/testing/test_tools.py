@@ -96,6 +96,32 @@ def test_the_disabled_block_restores_the_middleware() -> None:
     assert retrysafe.wsgi.IdempotencyMiddleware.__call__ is wsgi_call
 
 
+async def test_the_disabled_block_runs_idempotent_functions_every_time() -> None:
+    from retrysafe import idempotent_function
+    from retrysafe.stores import AsyncMemoryStore, MemoryStore
+
+    runs: list[str] = []
+
+    @idempotent_function(store=MemoryStore(), key="order_id")
+    def charge(order_id: str) -> str:
+        runs.append(order_id)
+        return f"charged {order_id}"
+
+    @idempotent_function(store=AsyncMemoryStore())
+    async def refund(order_id: str) -> str:
+        runs.append(f"refund {order_id}")
+        return order_id
+
+    assert charge("o1") == charge("o1") == "charged o1"
+    assert runs == ["o1"]  # stored and replayed outside the block
+    with idempotency_disabled():
+        assert charge("o1") == charge("o1") == "charged o1"
+        assert await refund("o2", idempotency_key="k") == "o2"
+        assert await refund("o2", idempotency_key="k") == "o2"
+    assert runs == ["o1", "o1", "o1", "refund o2", "refund o2"]
+    assert charge("o1") == "charged o1" and len(runs) == 5  # the store's answer again
+
+
 def run_pytest(tmp_path: Path, test: str, *args: str) -> subprocess.CompletedProcess[str]:
     """Run pytest on one user test file, as a user's project would (the installed plugin)."""
     (tmp_path / "test_user.py").write_text(textwrap.dedent(test))

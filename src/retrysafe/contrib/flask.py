@@ -253,19 +253,29 @@ def _key_options(command: Callable[..., Any]) -> Callable[..., Any]:
     def with_key_args(
         *args: Any,
         key: str,
-        path: str,
+        path: str | None,
+        function: str | None,
         method: str,
         scope: str | None,
         authorization: str | None,
         **kwargs: Any,
     ) -> Any:
-        key_args = _key_args(key, path, method, scope, authorization)
+        key_args = _key_args(key, path, function, method, scope, authorization)
         return command(*args, key_args=key_args, **kwargs)
 
     for option in reversed(
         [
-            click.option("--key", required=True, help="the Idempotency-Key value (unquoted)"),
-            click.option("--path", required=True, help="the request path, e.g. /orders"),
+            click.option(
+                "--key",
+                required=True,
+                help="the Idempotency-Key header's value as sent: '\"k1\"' or k1",
+            ),
+            click.option("--path", default=None, help="the request path, e.g. /orders"),
+            click.option(
+                "--function",
+                default=None,
+                help="instead of --path: the name an idempotent function's keys are scoped by",
+            ),
             click.option("--method", default="POST", show_default=True),
             click.option("--scope", default=None, help="the scope the key belongs to"),
             click.option(
@@ -292,11 +302,19 @@ def _run(command: str, store_url: str | None, *args: str) -> None:
 
 
 def _key_args(
-    key: str, path: str, method: str, scope: str | None, authorization: str | None
+    key: str,
+    path: str | None,
+    function: str | None,
+    method: str,
+    scope: str | None,
+    authorization: str | None,
 ) -> list[str]:
     if scope is not None and authorization is not None:
         raise click.UsageError("pass --scope or --authorization, not both")
-    args = ["--key", key, "--path", path, "--method", method]
+    if (path is None) == (function is None):
+        raise click.UsageError("pass --path (a request's key) or --function (a call's key)")
+    target = ["--path", path, "--method", method] if path is not None else ["--function", function]
+    args = ["--key", key, *target]
     if scope is not None:
         args += ["--scope", scope]
     if authorization is not None:
@@ -332,5 +350,5 @@ def _inspect(store_url: str | None, key_args: list[str]) -> None:
 @click.option("--force", is_flag=True, help="also delete a completed record")
 def _resolve(store_url: str | None, key_args: list[str], force: bool) -> None:
     """Delete the record of one key (an outcome-unknown key, after checking its effects), so
-    the next request with it runs."""
+    the next request or call with it runs."""
     _run("resolve", store_url, *key_args, *(["--force"] if force else []))

@@ -440,9 +440,24 @@ def _disable() -> None:
 
     _patch(asgi.IdempotencyMiddleware, "__call__", asgi_passthrough)
     _patch(wsgi.IdempotencyMiddleware, "__call__", wsgi_passthrough)
+    _disable_functions()
     django_loaded = "retrysafe.contrib.django.middleware" in sys.modules
     if django_loaded or importlib.util.find_spec("django") is not None:
         _disable_django()
+
+
+def _disable_functions() -> None:
+    from .._core.call import KEY_ARGUMENT
+    from ..functions import IdempotentFunction
+
+    def call_passthrough(self: Any, *args: Any, **kwargs: Any) -> Any:
+        # The function as written: an ``idempotency_key=`` meant for the wrapper is dropped,
+        # unless the function takes a parameter of that name itself.
+        if not self._spec.takes_key:
+            kwargs.pop(KEY_ARGUMENT, None)
+        return self._function(*args, **kwargs)
+
+    _patch(IdempotentFunction, "__call__", call_passthrough)
 
 
 def _disable_django() -> None:
@@ -471,12 +486,13 @@ def _disable_django() -> None:
 def idempotency_disabled() -> Iterator[None]:
     """Turn idempotency handling off inside the block, on every front.
 
-    Every request reaches its handler as if retrysafe were not installed: no key is checked,
-    nothing is reserved, stored or replayed. Middleware built before the block is covered too,
-    except Django's, which Django builds when its handler loads (a test client's first request):
-    enter the block before that. :func:`retrysafe.transaction` has no transaction to give then
-    (pass ``optional=True`` in handlers that must run either way); :func:`retrysafe.mark_committed`
-    is a no-op.
+    Every request reaches its handler, and every call of an :func:`~retrysafe.idempotent_function`
+    (and the task queues' keyed tasks built on it) its function, as if retrysafe were not
+    installed: no key is checked, nothing is reserved, stored or replayed. Middleware built
+    before the block is covered too, except Django's, which Django builds when its handler loads
+    (a test client's first request): enter the block before that. :func:`retrysafe.transaction`
+    has no transaction to give then (pass ``optional=True`` in handlers that must run either
+    way); :func:`retrysafe.mark_committed` is a no-op.
 
     Blocks may nest, and are safe to enter from several threads of one test run.
     """

@@ -1,5 +1,7 @@
 """What the retrysafe management commands share: the store from ``settings.RETRYSAFE`` and the
-record id of a key (its principal from ``--user``, ``--authorization`` or ``--scope``)."""
+record id of a key: a request's (``--path``, ``--method``, its principal from ``--user``,
+``--authorization`` or ``--scope``) or an idempotent function's call (``--function``), named as
+``retrysafe inspect`` names it."""
 
 from __future__ import annotations
 
@@ -8,8 +10,8 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from ...._core.errors import IdempotencyError
-from ...._core.keys import record_id
 from ...._core.scope import authorization_scope
+from ....ops.records import target_record_id
 from ....stores import Store
 from ..conf import load_settings
 
@@ -50,9 +52,17 @@ class KeyCommand(StoreCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         super().add_arguments(parser)
-        parser.add_argument("--key", required=True, help="the Idempotency-Key (its value)")
-        parser.add_argument("--method", default="POST")
-        parser.add_argument("--path", required=True, help="the request path, e.g. /orders")
+        parser.add_argument(
+            "--key",
+            required=True,
+            help="the Idempotency-Key header's value as sent: '\"k1\"' (an sf-string) or k1",
+        )
+        parser.add_argument("--method", default="POST", help="the request's method (default POST)")
+        target = parser.add_mutually_exclusive_group(required=True)
+        target.add_argument("--path", help="the request path, e.g. /orders")
+        target.add_argument(
+            "--function", help="the name an idempotent function's keys are scoped by"
+        )
         scope = parser.add_mutually_exclusive_group()
         scope.add_argument("--user", help="the user (primary key or username) the key is for")
         scope.add_argument("--authorization", help="the Authorization header it was sent with")
@@ -60,8 +70,13 @@ class KeyCommand(StoreCommand):
 
     def record_id(self, options: dict[str, Any]) -> str:
         """The record id of the key named by the options."""
-        return record_id(self.scope(options), options["method"].upper(), options["path"],
-                         options["key"])  # fmt: skip
+        return target_record_id(
+            options["key"],
+            path=options["path"],
+            function=options["function"],
+            method=options["method"],
+            scope=self.scope(options),
+        )
 
     def scope(self, options: dict[str, Any]) -> str:
         """The principal part of the record id, as the middleware computes it."""

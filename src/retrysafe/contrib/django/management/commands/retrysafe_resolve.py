@@ -1,6 +1,6 @@
-"""``manage.py retrysafe_resolve --key K --path /orders``: delete the record of one key (e.g. an
-outcome-unknown key after checking that its effects did not happen), so the next request with
-it runs."""
+"""``manage.py retrysafe_resolve --key K --path /orders`` (or ``--function NAME``): delete the
+record of one key (e.g. an outcome-unknown key after checking that its effects did not happen),
+so the next request or call with it runs."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from django.core.management.base import CommandError, CommandParser
 
 from retrysafe.stores import Store
 
+from .....ops.records import resolve
 from ..base import KeyCommand
 
 
@@ -22,12 +23,9 @@ class Command(KeyCommand):
 
     def run(self, store: Store, options: dict[str, Any]) -> None:
         rid = self.record_id(options)
-        record = store.get(rid)
-        if record is None:
-            raise CommandError(f"record {rid[:16]}: none; nothing to resolve")
-        if record.state == "completed" and not options["force"]:
-            raise CommandError(
-                f"record {rid[:16]} is completed; use --force to delete a stored response"
-            )
-        store.delete(rid)
-        self.stdout.write(f"record {rid[:16]} deleted: the next request with this key runs")
+        deleted, message = resolve(
+            store, rid, force=options["force"], call=options["function"] is not None
+        )
+        if not deleted:
+            raise CommandError(message)
+        self.stdout.write(message)
