@@ -260,7 +260,18 @@ def _key_options(command: Callable[..., Any]) -> Callable[..., Any]:
         authorization: str | None,
         **kwargs: Any,
     ) -> Any:
-        key_args = _key_args(key, path, function, method, scope, authorization)
+        if scope is not None and authorization is not None:
+            raise click.UsageError("pass --scope or --authorization, not both")
+        if (path is None) == (function is None):
+            raise click.UsageError("pass --path (a request's key) or --function (a call's key)")
+        target = (
+            ["--path", path, "--method", method] if path is not None else ["--function", function]
+        )
+        key_args = ["--key", key, *target]
+        if scope is not None:
+            key_args += ["--scope", scope]
+        if authorization is not None:
+            key_args += ["--authorization", authorization]
         return command(*args, key_args=key_args, **kwargs)
 
     for option in reversed(
@@ -299,27 +310,6 @@ def _run(command: str, store_url: str | None, *args: str) -> None:
     sys.stdout.flush()
     if code:
         raise click.exceptions.Exit(code)
-
-
-def _key_args(
-    key: str,
-    path: str | None,
-    function: str | None,
-    method: str,
-    scope: str | None,
-    authorization: str | None,
-) -> list[str]:
-    if scope is not None and authorization is not None:
-        raise click.UsageError("pass --scope or --authorization, not both")
-    if (path is None) == (function is None):
-        raise click.UsageError("pass --path (a request's key) or --function (a call's key)")
-    target = ["--path", path, "--method", method] if path is not None else ["--function", function]
-    args = ["--key", key, *target]
-    if scope is not None:
-        args += ["--scope", scope]
-    if authorization is not None:
-        args += ["--authorization", authorization]
-    return args
 
 
 @cli.command("purge")
