@@ -34,7 +34,7 @@ from ..stores.sqlite import (
     parse_sqlite_url,
     retry_while_busy,
 )
-from .domain import DatabaseUnavailable, Kind
+from .domain import KINDS, DatabaseUnavailable, Kind
 
 __all__ = [
     "AsyncSQLite",
@@ -54,41 +54,20 @@ _POOL_SIZE = 4
 #: Serialises the CREATE TABLEs of several processes starting at once (an advisory lock id).
 _DDL_LOCK = 7206110
 
-_SQLITE_SCHEMA = """
-CREATE TABLE IF NOT EXISTS orderhub_orders (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    owner TEXT NOT NULL,
-    item TEXT NOT NULL,
-    quantity INTEGER NOT NULL,
-    created_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))
-);
-CREATE TABLE IF NOT EXISTS orderhub_payments (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    owner TEXT NOT NULL,
-    amount INTEGER NOT NULL,
-    currency TEXT NOT NULL,
-    created_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))
-);
-"""
-
-_POSTGRES_SCHEMA = """
-CREATE TABLE IF NOT EXISTS {prefix}orderhub_orders (
-    id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    owner TEXT NOT NULL,
-    item TEXT NOT NULL,
-    quantity BIGINT NOT NULL,
-    created_at TEXT NOT NULL
-        DEFAULT to_char(clock_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"')
-);
-CREATE TABLE IF NOT EXISTS {prefix}orderhub_payments (
-    id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    owner TEXT NOT NULL,
-    amount BIGINT NOT NULL,
-    currency TEXT NOT NULL,
-    created_at TEXT NOT NULL
-        DEFAULT to_char(clock_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"')
-);
-"""
+#: Per dialect: the ``id`` column, the type of a whole-number field, ``created_at``'s default
+#: (UTC, ISO 8601 with milliseconds, from the database's clock).
+_DIALECTS = {
+    "sqlite": (
+        "INTEGER PRIMARY KEY AUTOINCREMENT",
+        "INTEGER",
+        "(strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))",
+    ),
+    "postgres": (
+        "BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY",
+        "BIGINT",
+        "to_char(clock_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"')",
+    ),
+}
 
 
 class Statements:
@@ -106,6 +85,23 @@ class Statements:
 
     def _table(self, kind: Kind) -> str:
         return f"{self.prefix}orderhub_{kind.name}"
+
+    def schema(self) -> str:
+        """``CREATE TABLE IF NOT EXISTS`` of every kind: ``id``, ``owner``, the kind's fields
+        (whole numbers or text), ``created_at``."""
+        id_column, integer, now = _DIALECTS["postgres" if self.numbered else "sqlite"]
+        tables = []
+        for kind in KINDS.values():
+            fields = [
+                f"    {name} {integer if of is int else 'TEXT'} NOT NULL,\n"
+                for name, of in kind.fields.items()
+            ]
+            tables.append(
+                f"CREATE TABLE IF NOT EXISTS {self._table(kind)} (\n    id {id_column},\n"
+                f"    owner TEXT NOT NULL,\n{''.join(fields)}"
+                f"    created_at TEXT NOT NULL DEFAULT {now}\n);\n"
+            )
+        return "".join(tables)
 
     def _mark(self, position: int) -> str:
         return f"${position}" if self.numbered else "?"
@@ -170,7 +166,7 @@ class _SQLite:
             conn.execute(f"PRAGMA busy_timeout = {int(max(self.busy_timeout, 5.0) * 1000)}")
             conn.execute("PRAGMA journal_mode = WAL")
             conn.execute("PRAGMA synchronous = NORMAL")
-            conn.executescript(_SQLITE_SCHEMA)
+            conn.executescript(self.sql.schema())
             conn.execute(f"PRAGMA busy_timeout = {self._wait_ms()}")
             self._local.conn = conn
         return conn
@@ -264,7 +260,7 @@ class _Postgres:
         """The statements that create the tables, serialised across processes by a lock."""
         schema = [f'CREATE SCHEMA IF NOT EXISTS "{self._schema}"'] if self._schema else []
         lock = f"SELECT pg_advisory_xact_lock({_DDL_LOCK})"
-        return [*schema, "BEGIN", lock, _POSTGRES_SCHEMA.format(prefix=self.sql.prefix), "COMMIT"]
+        return [*schema, "BEGIN", lock, self.sql.schema(), "COMMIT"]
 
 
 class Asyncpg(_Postgres):
