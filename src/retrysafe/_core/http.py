@@ -426,32 +426,23 @@ class Flow(Operation[Answer]):
         Returns:
             An :class:`Answer` to send instead of the error, or ``None``: re-raise it.
         """
+        failure: tuple[str, str] | None = None  # (detail, phase) of a 503
         if not started and isinstance(error, StoreError):
             # The handler's transaction could not begin (lock, pool or connection): a store
             # failure like any other, answered 503, never a 500 with a traceback.
-            yield from self.abandon()
-            return (
-                yield from self.unavailable(
-                    "The idempotency store cannot be reached; retry later.",
-                    error=error,
-                    phase="handler",
-                )
-            )
-        if not started and self.in_tx and isinstance(error, Exception):
+            failure = ("The idempotency store cannot be reached; retry later.", "handler")
+        elif not started and self.in_tx and isinstance(error, Exception):
             _, broken = yield TX_STATE, None
             if broken:
                 # The handler failed because its transaction's connection died (e.g. a
                 # terminated backend): a store failure, answered 503 like the others.
-                yield from self.abandon()
-                return (
-                    yield from self.unavailable(
-                        "The database connection was lost; retry with the same key.",
-                        error=error,
-                        phase="transaction",
-                    )
-                )
+                detail = "The database connection was lost; retry with the same key."
+                failure = (detail, "transaction")
         yield from self.abandon()
-        return None
+        if failure is None:
+            return None
+        detail, phase = failure
+        return (yield from self.unavailable(detail, error=error, phase=phase))
 
     def incomplete(self) -> Steps:
         """The handler returned without finishing its response."""

@@ -25,6 +25,7 @@ __all__ = [
     "CURRENT_CALL",
     "AsyncTransaction",
     "Transaction",
+    "TransactionState",
     "context_transaction",
     "mark_committed",
     "outcome_known",
@@ -40,9 +41,8 @@ CURRENT_CALL: contextvars.ContextVar[Any] = contextvars.ContextVar(
 )
 
 
-@runtime_checkable
-class AsyncTransaction(Protocol):
-    """One request's database transaction, begun on first use."""
+class TransactionState(Protocol):
+    """What both faces of a transaction say about it without I/O."""
 
     @property
     def begun(self) -> bool:
@@ -53,6 +53,11 @@ class AsyncTransaction(Protocol):
     def broken(self) -> bool:
         """Whether the transaction's connection has died (its work is lost)."""
         ...
+
+
+@runtime_checkable
+class AsyncTransaction(TransactionState, Protocol):
+    """One request's database transaction, begun on first use."""
 
     async def connection(self) -> Any:
         """Begin the transaction if needed and return the driver connection it runs on."""
@@ -76,18 +81,8 @@ class AsyncTransaction(Protocol):
 
 
 @runtime_checkable
-class Transaction(Protocol):
+class Transaction(TransactionState, Protocol):
     """The synchronous twin of :class:`AsyncTransaction` (WSGI, Django)."""
-
-    @property
-    def begun(self) -> bool:
-        """See :attr:`AsyncTransaction.begun`."""
-        ...
-
-    @property
-    def broken(self) -> bool:
-        """See :attr:`AsyncTransaction.broken`."""
-        ...
 
     def connection(self) -> Any:
         """See :meth:`AsyncTransaction.connection`."""

@@ -24,6 +24,7 @@ an error per request.
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -246,6 +247,34 @@ _store_option = click.option(
 
 
 def _key_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """Add the options that name one key; ``command`` receives them as ``key_args``, the
+    flags of ``retrysafe`` that name the same key."""
+
+    @functools.wraps(command)
+    def with_key_args(
+        *args: Any,
+        key: str,
+        path: str | None,
+        function: str | None,
+        method: str,
+        scope: str | None,
+        authorization: str | None,
+        **kwargs: Any,
+    ) -> Any:
+        if scope is not None and authorization is not None:
+            raise click.UsageError("pass --scope or --authorization, not both")
+        if (path is None) == (function is None):
+            raise click.UsageError("pass --path (a request's key) or --function (a call's key)")
+        target = (
+            ["--path", path, "--method", method] if path is not None else ["--function", function]
+        )
+        key_args = ["--key", key, *target]
+        if scope is not None:
+            key_args += ["--scope", scope]
+        if authorization is not None:
+            key_args += ["--authorization", authorization]
+        return command(*args, key_args=key_args, **kwargs)
+
     for option in reversed(
         [
             click.option(
@@ -266,8 +295,8 @@ def _key_options(command: Callable[..., Any]) -> Callable[..., Any]:
             ),
         ]
     ):
-        command = option(command)
-    return command
+        with_key_args = option(with_key_args)
+    return with_key_args
 
 
 def _run(command: str, store_url: str | None, *args: str) -> None:
@@ -282,27 +311,6 @@ def _run(command: str, store_url: str | None, *args: str) -> None:
     sys.stdout.flush()
     if code:
         raise click.exceptions.Exit(code)
-
-
-def _key_args(
-    key: str,
-    path: str | None,
-    function: str | None,
-    method: str,
-    scope: str | None,
-    authorization: str | None,
-) -> list[str]:
-    if scope is not None and authorization is not None:
-        raise click.UsageError("pass --scope or --authorization, not both")
-    if (path is None) == (function is None):
-        raise click.UsageError("pass --path (a request's key) or --function (a call's key)")
-    target = ["--path", path, "--method", method] if path is not None else ["--function", function]
-    args = ["--key", key, *target]
-    if scope is not None:
-        args += ["--scope", scope]
-    if authorization is not None:
-        args += ["--authorization", authorization]
-    return args
 
 
 @cli.command("purge")
@@ -322,34 +330,16 @@ def _check(store_url: str | None) -> None:
 @cli.command("inspect")
 @_store_option
 @_key_options
-def _inspect(
-    store_url: str | None,
-    key: str,
-    path: str | None,
-    function: str | None,
-    method: str,
-    scope: str | None,
-    authorization: str | None,
-) -> None:
+def _inspect(store_url: str | None, key_args: list[str]) -> None:
     """Show the record of one key (exit 1 when there is none)."""
-    _run("inspect", store_url, *_key_args(key, path, function, method, scope, authorization))
+    _run("inspect", store_url, *key_args)
 
 
 @cli.command("resolve")
 @_store_option
 @_key_options
 @click.option("--force", is_flag=True, help="also delete a completed record")
-def _resolve(
-    store_url: str | None,
-    key: str,
-    path: str | None,
-    function: str | None,
-    method: str,
-    scope: str | None,
-    authorization: str | None,
-    force: bool,
-) -> None:
+def _resolve(store_url: str | None, key_args: list[str], force: bool) -> None:
     """Delete the record of one key (an outcome-unknown key, after checking its effects), so
     the next request or call with it runs."""
-    args = _key_args(key, path, function, method, scope, authorization)
-    _run("resolve", store_url, *args, *(["--force"] if force else []))
+    _run("resolve", store_url, *key_args, *(["--force"] if force else []))

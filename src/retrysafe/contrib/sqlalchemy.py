@@ -36,6 +36,7 @@ async_session()`` / ``await session()`` in an ``async def``, :func:`call_session
 from __future__ import annotations
 
 import contextvars
+import functools
 import sqlite3
 from typing import Any
 
@@ -55,7 +56,6 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 __all__ = ["async_session", "call_session", "session"]
 
 _current: contextvars.ContextVar[Any] = contextvars.ContextVar("retrysafe_sqlalchemy_connection")
-_engines: dict[str, Any] = {}
 
 
 class _SQLiteConnection:
@@ -121,41 +121,48 @@ class _PsycopgConnection:
         return getattr(self._conn, name)
 
 
+# One engine per driver and process, built on first use: its "connections" are the current
+# transaction's, handed out by the creator.
+@functools.cache
 def _psycopg_engine() -> Engine:
-    engine: Engine | None = _engines.get("psycopg")
-    if engine is None:
-        engine = create_engine(
-            "postgresql+psycopg://",
-            creator=lambda: _PsycopgConnection(_current.get()),
-            poolclass=NullPool,
-            use_native_hstore=False,  # its set-up would register types on retrysafe's connection
-        )
-        _engines["psycopg"] = engine
-    return engine
+    return create_engine(
+        "postgresql+psycopg://",
+        creator=lambda: _PsycopgConnection(_current.get()),
+        poolclass=NullPool,
+        use_native_hstore=False,  # its set-up would register types on retrysafe's connection
+    )
 
 
+@functools.cache
 def _sqlite_engine() -> Engine:
-    engine: Engine | None = _engines.get("sqlite")
-    if engine is None:
-        engine = create_engine(
-            "sqlite://", creator=lambda: _SQLiteConnection(_current.get()), poolclass=NullPool
-        )
-        _engines["sqlite"] = engine
-    return engine
+    return create_engine(
+        "sqlite://", creator=lambda: _SQLiteConnection(_current.get()), poolclass=NullPool
+    )
 
 
+@functools.cache
 def _asyncpg_engine() -> AsyncEngine:
-    engine: AsyncEngine | None = _engines.get("asyncpg")
-    if engine is None:
+    async def creator() -> Any:
+        return _AsyncpgConnection(_current.get())
 
-        async def creator() -> Any:
-            return _AsyncpgConnection(_current.get())
+    return create_async_engine("postgresql+asyncpg://", async_creator=creator, poolclass=NullPool)
 
-        engine = create_async_engine(
-            "postgresql+asyncpg://", async_creator=creator, poolclass=NullPool
-        )
-        _engines["asyncpg"] = engine
-    return engine
+
+async def _use_connection(request: Any, *, sqlite: bool, mismatch: str) -> None:
+    """Make the request's transaction connection the one the engines hand out; ``TypeError``
+    (``mismatch``) when the store is not the kind the session needs (``sqlite`` or not)."""
+    conn = await transaction(request)
+    if isinstance(conn, sqlite3.Connection) != sqlite:
+        raise TypeError(mismatch)
+    _current.set(conn)
+
+
+def _end(db: Session, ok: bool) -> None:
+    """Flush (its COMMIT is ignored by the connection) and close a session on our
+    transaction."""
+    if ok:
+        db.commit()
+    db.close()
 
 
 async def session(request: Any = None, **kwargs: Any) -> Session:
@@ -170,18 +177,14 @@ async def session(request: Any = None, **kwargs: Any) -> Session:
         ConfigurationError: the request has no idempotent transaction.
         TypeError: the store is not SQLite (use :func:`async_session`).
     """
-    conn = await transaction(request)
-    if not isinstance(conn, sqlite3.Connection):
-        raise TypeError("session() needs a SQLite store; use async_session() for PostgreSQL")
-    _current.set(conn)
+    mismatch = "session() needs a SQLite store; use async_session() for PostgreSQL"
+    await _use_connection(request, sqlite=True, mismatch=mismatch)
     db = Session(bind=_sqlite_engine(), **kwargs)
 
     async def finish(ok: bool) -> None:
-        if ok:
-            db.commit()  # flushes; the connection ignores the COMMIT itself
-        db.close()
+        _end(db, ok)
 
-    _context(request).add_finalizer(finish)
+    current_context(request).add_finalizer(finish)
     return db
 
 
@@ -197,10 +200,8 @@ async def async_session(request: Any = None, **kwargs: Any) -> AsyncSession:
         ConfigurationError: the request has no idempotent transaction.
         TypeError: the store is SQLite (use :func:`session`).
     """
-    conn = await transaction(request)
-    if isinstance(conn, sqlite3.Connection):
-        raise TypeError("async_session() needs a PostgreSQL store; use session() for SQLite")
-    _current.set(conn)
+    mismatch = "async_session() needs a PostgreSQL store; use session() for SQLite"
+    await _use_connection(request, sqlite=False, mismatch=mismatch)
     db = AsyncSession(bind=_asyncpg_engine(), **kwargs)
 
     async def finish(ok: bool) -> None:
@@ -208,7 +209,7 @@ async def async_session(request: Any = None, **kwargs: Any) -> AsyncSession:
             await db.commit()  # flushes and releases its savepoint inside our transaction
         await db.close()
 
-    _context(request).add_finalizer(finish)
+    current_context(request).add_finalizer(finish)
     return db
 
 
@@ -227,15 +228,5 @@ def call_session(**kwargs: Any) -> Session:
     _current.set(conn)
     engine = _sqlite_engine() if isinstance(conn, sqlite3.Connection) else _psycopg_engine()
     db = Session(bind=engine, **kwargs)
-
-    def finish(ok: bool) -> None:
-        if ok:
-            db.commit()  # flushes; the connection ignores the COMMIT itself
-        db.close()
-
-    current_context(None).add_finalizer(finish)
+    current_context(None).add_finalizer(functools.partial(_end, db))
     return db
-
-
-def _context(request: Any) -> Any:
-    return current_context(request)

@@ -5,9 +5,10 @@ transactional mode run exactly this code; only the few lines that send a stateme
 rows differ per driver (``_asyncpg.py``, ``_psycopg.py``).
 
 - :class:`PostgresOptions`: everything a ``postgresql://`` URL's query may set, validated once.
-- :class:`Statements`: the named statements of ``sql/postgres.sql`` with ``{table}`` filled in
-  and the ``:name`` placeholders rewritten to PostgreSQL's own ``$1, $2...`` (both asyncpg and
-  psycopg's ``RawCursor`` take those), plus the order in which to pass the arguments.
+- :class:`Statements`: the named statements of ``sql/postgres.sql`` with ``{cfg}`` (the shared
+  CTE) and ``{table}`` filled in and the ``:name`` placeholders rewritten to PostgreSQL's own
+  ``$1, $2...`` (both asyncpg and psycopg's ``RawCursor`` take those), plus the order in which
+  to pass the arguments.
 - Operations (``reserve_op``, ``renew_op``...) are generators: each yields a :class:`Query`,
   receives its rows, and returns the result. The one action loop
   (:func:`retrysafe._core.drive.drive`) sends the statements through a driver. A connection
@@ -293,7 +294,10 @@ class Statements:
         self.synchronous_commit = options.synchronous_commit
         self.table_name = options.table
         self._by_name: dict[str, Statement] = {}
-        for name, source in load_queries("retrysafe.stores.postgres", "postgres.sql").items():
+        queries = dict(load_queries("retrysafe.stores.postgres", "postgres.sql"))
+        cfg = queries.pop("cfg")  # a fragment of the write statements, not one itself
+        for name, source in queries.items():
+            source = source.replace("{cfg}", cfg)
             source = source.replace("{table}", options.quoted_table)
             source = source.replace("{index}", options.quoted_index)
             sql, params = to_dollar(source)

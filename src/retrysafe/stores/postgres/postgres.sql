@@ -8,8 +8,18 @@
 --            once its lease lapses without completion its outcome is unknown.
 -- Every time comes from the server's clock (clock_timestamp(), never the app host's), so any
 -- number of app hosts agree on leases and expiry whatever their clocks say.
--- Write statements read a "cfg" CTE that sets synchronous_commit for their own transaction only
--- (set_config(..., true)); with the option unset it re-sets the current value: a no-op.
+-- Write statements read a "cfg" CTE ({cfg}, the fragment below, filled in at load time) that
+-- sets synchronous_commit for their own transaction only (set_config(..., true)); with the
+-- option unset it re-sets the current value: a no-op.
+
+-- name: cfg
+cfg AS (
+    SELECT set_config(
+        'synchronous_commit',
+        COALESCE(:synchronous_commit::text, current_setting('synchronous_commit')),
+        true
+    )
+)
 
 -- name: lock_schema
 -- Serialises concurrent CREATE TABLE IF NOT EXISTS from many processes (it can otherwise fail
@@ -44,13 +54,7 @@ CREATE INDEX IF NOT EXISTS {index} ON {table} (expires_at);
 -- this token). NO ROW comes back when another transaction committed the key after this
 -- statement's snapshot was taken (the insert conflicts, the snapshot cannot see the row): the
 -- caller runs the statement again with a fresh snapshot.
-WITH cfg AS (
-    SELECT set_config(
-        'synchronous_commit',
-        COALESCE(:synchronous_commit::text, current_setting('synchronous_commit')),
-        true
-    )
-),
+WITH {cfg},
 existing AS (
     SELECT r.fingerprint, r.state, r.token, r.lease_expires_at, r.response
     FROM {table} AS r
@@ -96,13 +100,7 @@ FROM {table}
 WHERE id = :id::text AND expires_at > clock_timestamp();
 
 -- name: renew
-WITH cfg AS (
-    SELECT set_config(
-        'synchronous_commit',
-        COALESCE(:synchronous_commit::text, current_setting('synchronous_commit')),
-        true
-    )
-)
+WITH {cfg}
 UPDATE {table} AS r
 SET lease_expires_at = clock_timestamp() + make_interval(secs => :lease::float8)
 FROM cfg
@@ -110,13 +108,7 @@ WHERE r.id = :id::text AND r.token = :token::text AND r.state IN (0, 2)
 RETURNING true;
 
 -- name: mark_committed
-WITH cfg AS (
-    SELECT set_config(
-        'synchronous_commit',
-        COALESCE(:synchronous_commit::text, current_setting('synchronous_commit')),
-        true
-    )
-)
+WITH {cfg}
 UPDATE {table} AS r
 SET state = 2, lease_expires_at = clock_timestamp() + make_interval(secs => :lease::float8)
 FROM cfg
@@ -129,13 +121,7 @@ DELETE FROM {table} WHERE id = :id::text RETURNING true;
 -- name: complete
 -- The token stays on the completed row so that a complete retried after a lost connection can
 -- tell its own earlier success (completed_by) from being fenced out.
-WITH cfg AS (
-    SELECT set_config(
-        'synchronous_commit',
-        COALESCE(:synchronous_commit::text, current_setting('synchronous_commit')),
-        true
-    )
-)
+WITH {cfg}
 UPDATE {table} AS r
 SET state = 1,
     response = :response::bytea,
@@ -148,13 +134,7 @@ RETURNING true;
 SELECT true FROM {table} WHERE id = :id::text AND token = :token::text AND state = 1;
 
 -- name: release
-WITH cfg AS (
-    SELECT set_config(
-        'synchronous_commit',
-        COALESCE(:synchronous_commit::text, current_setting('synchronous_commit')),
-        true
-    )
-)
+WITH {cfg}
 DELETE FROM {table} AS r
 USING cfg
 WHERE r.id = :id::text AND r.token = :token::text AND r.state IN (0, 2)
@@ -189,13 +169,7 @@ SELECT pg_advisory_lock_shared(:owner_class::int, :owner_key::int);
 -- transaction-level lock, released when this statement ends. Then, and only then, the very
 -- reservation that was found is replaced (fenced on its token, never a committed one).
 -- Row: (owner dead, taken over).
-WITH cfg AS (
-    SELECT set_config(
-        'synchronous_commit',
-        COALESCE(:synchronous_commit::text, current_setting('synchronous_commit')),
-        true
-    )
-),
+WITH {cfg},
 gone AS (
     SELECT pg_try_advisory_xact_lock(:owner_class::int, :owner_key::int) AS dead
 ),
