@@ -75,7 +75,9 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
         errors.append(
             Warning(
                 "the retrysafe middleware is not in MIDDLEWARE: nothing is protected",
-                hint=f"Add {MIDDLEWARE_PATH!r} after AuthenticationMiddleware.",
+                hint=f"Add {MIDDLEWARE_PATH!r} after AuthenticationMiddleware (or, where "
+                "retrysafe only runs idempotent functions or tasks, silence this check: "
+                "SILENCED_SYSTEM_CHECKS = ['retrysafe.W001']).",
                 id="retrysafe.W001",
             )
         )
