@@ -340,8 +340,10 @@ def crash_run(plan: Plan, tmp: Path) -> Outcome:
                 last, quiet_since = len(rows), time.monotonic()
             if done and time.monotonic() - quiet_since > 1.0:
                 break
-            if len({k for k, _ in rows}) == plan.tasks and time.monotonic() - quiet_since > 10:
-                break  # every key's effect is there; a send left unanswered is not re-run
+            # Every key's effect is there; a copy still unanswered may be waiting out a dead
+            # worker's key (Redis: its heartbeat, then the retry's countdown) before its replay.
+            if len({k for k, _ in rows}) == plan.tasks and time.monotonic() - quiet_since > 30:
+                break
             if plan.store == "none" and time.monotonic() - quiet_since > 15:
                 break  # the control: what has not happened by now is lost
             time.sleep(0.25)
