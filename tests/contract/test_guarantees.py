@@ -54,16 +54,18 @@ def test_the_key_of_a_process_that_stopped_renewing_is_taken_over_after_its_leas
 def test_lease_renewal_keeps_a_slow_handler_from_running_twice(
     make_service: ServiceFactory, world: World
 ) -> None:
-    svc = make_service(lease=0.6)  # renewed every 0.2 s while the handler sleeps 1.4 s
-    params = {"sleep": "1.4"}
+    # Renewed every 0.5 s while the handler sleeps 3 s: a renewal may be a second late (a busy
+    # machine) without the lease lapsing, and the handler still outlives two leases.
+    svc = make_service(lease=1.5)
+    params = {"sleep": "3.0"}
     first = svc.background(key="k1", json=ORDER, params=params)
     probes = []
-    for _ in range(4):  # three of them after the first lease would have lapsed
-        time.sleep(0.3)
+    for _ in range(5):  # three of them after the first lease would have lapsed
+        time.sleep(0.5)
         probes.append(svc.post(key="k1", json=ORDER, params=params))
     done = first.result()
     replay = svc.post(key="k1", json=ORDER, params=params)
-    assert [p.status_code for p in probes] == [409] * 4
+    assert [p.status_code for p in probes] == [409] * 5
     assert done.status_code == 201
     assert replay.headers[REPLAYED] == "true"
     assert replay.content == done.content
