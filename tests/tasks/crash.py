@@ -335,7 +335,15 @@ def crash_run(plan: Plan, tmp: Path) -> Outcome:
             rows = setup.rows()
             done = len({k for k, _ in rows}) == plan.tasks
             if plan.store != "none":
-                done = done and setup.events_count() >= outcome.sends
+                # Every copy sent twice answered (a redelivery of a run a kill cut off after its
+                # commit is a replay too, so count the copies, not the events: a replay that
+                # came early must not end the run while a copy still waits out a dead worker).
+                answered = setup.count("replayed") + setup.count("outcome_unknown")
+                done = (
+                    done
+                    and setup.events_count() >= outcome.sends
+                    and answered >= outcome.sends - plan.tasks
+                )
             if len(rows) != last:
                 last, quiet_since = len(rows), time.monotonic()
             if done and time.monotonic() - quiet_since > 1.0:
