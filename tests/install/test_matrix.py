@@ -215,6 +215,24 @@ def test_every_extra_is_in_the_matrix() -> None:
     assert set(declared) - {"demo", "all", "test", "bench", "docs"} == set(MATRIX) - {"none"}
 
 
+def test_every_extra_a_user_installs_is_in_the_readme_table() -> None:
+    import re
+    import tomllib
+
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    readme = (ROOT / "README.md").read_text()
+    install = readme[readme.index("## Install") : readme.index("## Try it")]
+    listed = {
+        name
+        for row in install.splitlines()
+        if row.startswith("| `")
+        for name in re.findall(r"`([a-z]+)`", row.split("|")[1])
+    }
+    assert set(declared) - {"all", "test", "bench", "docs"} == listed
+
+
 @pytest.mark.timeout(900)  # the jobs run all at once, a few at a time: a test may wait long
 @pytest.mark.parametrize("extra", list(MATRIX))
 def test_the_extra_alone_installs_and_runs(
