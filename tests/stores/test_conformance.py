@@ -176,7 +176,9 @@ def test_one_winner_among_50_concurrent_threads(backend: Backend) -> None:
 
 async def test_sync_twin_sees_the_same_records(backend: Backend) -> None:
     key = rid(backend, "twin")
-    won = backend.sync_store.reserve(key, FP, lease=LEASE, ttl=TTL)
+    # A long lease: the async face's first call connects (on a cluster, discovers the slots)
+    # after the sync face reserved, and on a busy machine that took longer than LEASE.
+    won = backend.sync_store.reserve(key, FP, lease=TTL, ttl=TTL)
     assert won.token
     seen = await backend.store.reserve(key, FP, lease=LEASE, ttl=TTL)
     assert not seen.acquired
