@@ -61,7 +61,9 @@ from .stores import AsyncStore, Store
 
 __all__ = ["Delivery", "MessageHandler"]
 
-Status = Literal["executed", "replayed", "in_progress", "key_reused", "outcome_unknown"]
+Status = Literal[
+    "executed", "replayed", "in_progress", "store_unavailable", "key_reused", "outcome_unknown"
+]
 
 _REFUSED = (InProgressError, KeyReusedError, OutcomeUnknownError)
 
@@ -73,12 +75,14 @@ class Delivery:
     Attributes:
         status: ``"executed"`` (the handler ran now), ``"replayed"`` (it ran before: the stored
             result), ``"in_progress"`` (another consumer is running it now),
+            ``"store_unavailable"`` (the store failed, nothing ran or everything rolled back:
+            the task shells' answer to a :class:`~retrysafe.StoreError`),
             ``"key_reused"`` (another message was handled with this key: a producer bug) or
             ``"outcome_unknown"`` (a consumer committed its effects and died before storing
             the result: an operator resolves it).
         result: the handler's result (``executed``, ``replayed``).
         retry_after: seconds after which a redelivery is likely to find the outcome
-            (``in_progress``).
+            (``in_progress``), or to find the store back (``store_unavailable``).
     """
 
     status: Status
@@ -92,9 +96,9 @@ class Delivery:
 
     @property
     def retry(self) -> bool:
-        """Another consumer runs it now: deliver it again later (after :attr:`retry_after`),
-        never drop it."""
-        return self.status == "in_progress"
+        """Another consumer runs it now, or the store failed: deliver it again later (after
+        :attr:`retry_after`), never drop it."""
+        return self.status in ("in_progress", "store_unavailable")
 
     @property
     def dead_letter(self) -> bool:

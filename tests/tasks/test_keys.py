@@ -114,6 +114,77 @@ def test_a_copy_that_meets_a_running_task_is_retried_later_not_run(tmp_path: Any
     assert runs == ["o-5"]
 
 
+@pytest.fixture
+def redis_down_then_up(tmp_path: Path, redis_url: str) -> Iterator[tuple[str, threading.Timer]]:
+    """A Redis store URL whose server is not running yet, and a timer (not started) that
+    starts it on that port: the store is unreachable for the first deliveries."""
+    from tests.stores.backend_redis import PrivateRedis
+
+    server = PrivateRedis(tmp_path / "redis")
+    timer = threading.Timer(1.5, server.start)
+    try:
+        yield server.url, timer
+    finally:
+        timer.cancel()
+        if timer.ident is not None:
+            timer.join()
+        server.stop()
+
+
+def test_a_task_that_meets_an_unreachable_store_comes_back_later_and_runs_once(
+    redis_down_then_up: tuple[str, threading.Timer],
+) -> None:
+    """Fail closed, lose nothing: a failed task would be acknowledged and gone (acks_late
+    acknowledges failures), so the delivery is sent again until the store answers."""
+    store, start_redis = redis_down_then_up
+    app = Celery("tasks_down", broker="memory://", backend="cache+memory://")
+    app.conf.task_acks_late = True
+    app.conf.task_default_queue = f"tasks_down_{uuid.uuid4().hex[:8]}"
+    runs: list[str] = []
+
+    @app.task(name=f"tasks_down.charge_{uuid.uuid4().hex[:8]}", max_retries=0)
+    @idempotent_task(store=store, key="order_id")
+    def charge(order_id: str) -> str:
+        runs.append(order_id)
+        return "charged"
+
+    with start_worker(app, perform_ping_check=False, pool="solo", shutdown_timeout=10):
+        first = charge.delay("o-1")
+        start_redis.start()
+        assert first.get(timeout=30, propagate=True) == "charged"
+        assert charge.delay("o-1").get(timeout=30) == "charged"  # the stored result
+    assert runs == ["o-1"]
+
+
+def test_dramatiq_a_message_that_meets_an_unreachable_store_comes_back_later(
+    redis_down_then_up: tuple[str, threading.Timer],
+) -> None:
+    store, start_redis = redis_down_then_up
+    broker = StubBroker()
+    broker.add_middleware(Results(backend=StubBackend()))
+    broker.add_middleware(Idempotency(store=store))
+    runs: list[str] = []
+
+    @dramatiq.actor(
+        broker=broker, store_results=True, idempotent={"key": "order_id"}, max_retries=0
+    )
+    def charge(order_id: str) -> str:
+        runs.append(order_id)
+        return "charged"
+
+    worker = dramatiq.Worker(broker, worker_timeout=50)
+    worker.start()
+    try:
+        message = charge.send("o-1")
+        start_redis.start()
+        backend = broker.get_results_backend()
+        assert message.get_result(backend=backend, block=True, timeout=30_000) == "charged"
+    finally:
+        worker.stop()
+        broker.close()
+    assert runs == ["o-1"]
+
+
 def test_called_directly_the_task_needs_a_key(tmp_path: Any) -> None:
     app = Celery("tasks_direct", broker="memory://")
 

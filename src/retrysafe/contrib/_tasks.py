@@ -5,7 +5,10 @@ redelivery rules against the lease and the record's TTL.
 
 A delivery comes to a :class:`~retrysafe.consumer.Delivery`, as a hand-written consumer's does:
 ``executed`` or ``replayed`` (return the result), ``in_progress`` (a live worker runs the first
-copy: deliver this one again after ``retry_after`` seconds; never run it, never drop it). A key
+copy: deliver this one again after ``retry_after`` seconds; never run it, never drop it),
+``store_unavailable`` (the store failed: the same, after :data:`STORE_RETRY_AFTER` seconds; a
+task that failed instead would be acknowledged and gone, as ``acks_late`` acknowledges
+failures). A key
 used with other arguments and "outcome unknown" raise (:class:`~retrysafe.KeyReusedError`,
 :class:`~retrysafe.OutcomeUnknownError`): the task fails, for a person to look at.
 """
@@ -21,16 +24,26 @@ from typing import Any
 
 from .._core.call import KEY_ARGUMENT
 from .._core.config import IdempotencyConfig
-from .._core.errors import ConfigurationError, InProgressError
+from .._core.errors import ConfigurationError, InProgressError, StoreError
 from ..consumer import Delivery
 from ..functions import IdempotentFunction, idempotent_function
 
-__all__ = ["KEY_HEADER", "Redelivery", "TaskFunction", "redelivery_warnings", "warn_once"]
+__all__ = [
+    "KEY_HEADER",
+    "STORE_RETRY_AFTER",
+    "Redelivery",
+    "TaskFunction",
+    "redelivery_warnings",
+    "warn_once",
+]
 
 #: The message header (Celery) or message option (Dramatiq) a producer puts the business key in.
 KEY_HEADER = "idempotency_key"
 
 logger = logging.getLogger("retrysafe")
+
+#: Seconds after which a delivery that met a failing store comes back.
+STORE_RETRY_AFTER = 2
 
 
 class TaskFunction:
@@ -86,7 +99,6 @@ class TaskFunction:
         Raises:
             KeyReusedError: the key was used with other arguments.
             OutcomeUnknownError: the first run committed its effects and died unrecorded.
-            StoreError: the store failed (``on_store_error="fail_closed"``).
             BaseException: what the function raised (its key is freed: the next delivery runs it).
         """
         if key is None and KEY_ARGUMENT not in kwargs and not self.function.computes_key:
@@ -98,6 +110,11 @@ class TaskFunction:
             result = self.function.invoke(call, args, call_kwargs)
         except InProgressError as error:
             return Delivery("in_progress", retry_after=max(1, error.retry_after or 1))
+        except StoreError:
+            # Fail closed (the default): nothing ran unprotected, and a failure after the run is
+            # one a retry may meet (writes rolled back with the record, or the key kept as
+            # outcome unknown). The core has logged it (``store_error``).
+            return Delivery("store_unavailable", retry_after=STORE_RETRY_AFTER)
         return Delivery("replayed" if call.replayed else "executed", result)
 
 

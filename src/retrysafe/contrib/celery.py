@@ -24,10 +24,13 @@ a delivery whose key is complete returns the stored result without running; one 
 live worker running the key is sent again after a few seconds (a retry that does not count
 against ``max_retries``), never run and never dropped; one that finds a dead worker's key takes
 it over and runs it, or, when that worker had called :func:`~retrysafe.functions.mark_committed`,
-fails with :class:`~retrysafe.OutcomeUnknownError` for an operator. Inside the task
-:func:`retrysafe.functions.transaction` and :func:`retrysafe.functions.mark_committed` work as in
-any idempotent function (``transactional=True`` with a SQL store or ``store="django"``: the task's
-writes commit with its record).
+fails with :class:`~retrysafe.OutcomeUnknownError` for an operator. When the store fails
+(``on_store_error="fail_closed"``, the default) the delivery is sent again two seconds later
+the same way: a failed task would be acknowledged and lost.
+Inside the task :func:`retrysafe.functions.transaction` and
+:func:`retrysafe.functions.mark_committed` work as in any idempotent function
+(``transactional=True`` with a SQL store or ``store="django"``: the task's writes commit with its
+record).
 
 At worker start (``worker_init``) the broker's ``visibility_timeout``, the tasks' time limits,
 ``acks_late`` and ``task_reject_on_worker_lost`` are checked against each idempotent task's lease
@@ -189,7 +192,8 @@ def _header_key(request: Any) -> object:
 def _retry_later(task: Any, request: Any, countdown: int, header: object) -> None:
     """Send the task again in ``countdown`` seconds (same id, arguments and key) and end this
     delivery as retried: what ``self.retry(countdown=...)`` does, without counting against the
-    task's ``max_retries`` (waiting for another worker is not a failure of this task)."""
+    task's ``max_retries`` (waiting for another worker, or for the store to come back, is not a
+    failure of this task)."""
     options: dict[str, Any] = {"countdown": countdown, "retries": request.retries}
     if header is not None:
         options["headers"] = {**(request.headers or {}), KEY_HEADER: header}

@@ -158,13 +158,17 @@ class Idempotency(Middleware):
             delivery = keyed.run(args, kwargs, key=key, fallback=message.message_id)
             if not delivery.retry:
                 return delivery.result
-            # A live worker runs the first copy: this one comes back later (the Retries
-            # middleware enqueues it with this delay), never runs now. Waiting for another
-            # worker is not a failed attempt: the count Retries is about to raise stays.
+            # A live worker runs the first copy, or the store failed: this one comes back later
+            # (the Retries middleware enqueues it with this delay), never runs now. Waiting for
+            # another worker or the store is not a failed attempt: the count Retries is about
+            # to raise stays.
             message.options["retries"] = message.options.get("retries", 0) - 1
-            raise Retry(
-                "retrysafe: the first copy is still running", (delivery.retry_after or 1) * 1000
+            why = (
+                "the first copy is still running"
+                if delivery.status == "in_progress"
+                else "the idempotency store is unavailable"
             )
+            raise Retry(f"retrysafe: {why}", (delivery.retry_after or 1) * 1000)
 
         run.retrysafe = keyed  # type: ignore[attr-defined]
         return run
