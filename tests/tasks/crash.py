@@ -62,6 +62,7 @@ class Outcome:
     kills: int = 0
     seconds: float = 0.0
     latencies: list[float] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)  # each lost key and what its record holds
 
     @property
     def duplicates(self) -> int:
@@ -84,6 +85,7 @@ class Outcome:
             f"kills={self.kills} effects={self.effects} duplicates={self.duplicates} "
             f"lost={self.lost} replays={self.replays} unknown={self.unknown} "
             f"p50={self.percentile(50):.2f}s p99={self.percentile(99):.2f}s run={self.seconds:.1f}s"
+            + "".join(f"\n  lost {line}" for line in self.missing)
         )
 
 
@@ -130,6 +132,7 @@ class Setup:
             "TASKS_PREFIX": f"tasks_{self.id}:",
         }
         self.broker = broker
+        self.task_name = "tasks.charge" if plan.queue == "celery" else "tasks_charge"
         if plan.store == "django":
             self.schema = f"tasks_dj_{self.id}"
             self.table = f"{self.schema}.tasks_fx_{self.id}"
@@ -293,6 +296,36 @@ def _producer(setup: Setup) -> Any:
     return send_message, broker.close
 
 
+def describe_lost(setup: Setup, key: str) -> str:
+    """A lost key and its record in the store (none: no delivery ever reserved it, so the broker
+    lost every copy; in progress: whose lease, committed or not)."""
+    store_url = setup.env["TASKS_STORE"]
+    if store_url in ("none", "django"):
+        return key
+    from retrysafe._core.call import call_record_id
+    from retrysafe.ops.records import describe
+    from retrysafe.stores import store_from_url
+
+    store = store_from_url(store_url)
+    try:
+        rid = call_record_id(setup.task_name, key)
+        seen = [
+            line.split()[0]
+            for line in setup.events.read_text().splitlines()
+            if line.endswith(rid[:16])
+        ]
+        return (
+            f"{key}: "
+            + "; ".join(describe(rid, store.get(rid), function=setup.task_name))
+            + f"; deliveries that reported: {', '.join(seen) or 'none'}"
+        )
+    except Exception as exc:  # a diagnosis, never the run's failure
+        return f"{key}: record not read ({exc!r})"
+    finally:
+        with contextlib.suppress(Exception):
+            store.close()
+
+
 def crash_run(plan: Plan, tmp: Path) -> Outcome:
     """Run ``plan``: start the workers, send the tasks, kill and restart workers, wait for every
     key's effect (and, with retrysafe, every send's answer), then count."""
@@ -365,6 +398,7 @@ def crash_run(plan: Plan, tmp: Path) -> Outcome:
         outcome.replays = setup.count("replayed")
         outcome.unknown = setup.count("outcome_unknown")
         outcome.seconds = time.monotonic() - started
+        outcome.missing = [describe_lost(setup, k) for k in keys if k not in first]
         return outcome
     finally:
         for worker in workers:

@@ -41,7 +41,7 @@ def effects_connection() -> Any:
 def event(event: str, details: dict[str, Any]) -> None:
     if event in ("executed", "replayed", "outcome_unknown"):
         with open(EVENTS, "a") as out:
-            out.write(f"{event}\n")
+            out.write(f"{event} {details.get('record', '-')}\n")
 
 
 def work() -> None:
