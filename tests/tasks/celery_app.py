@@ -10,7 +10,8 @@ environment variables (set by :mod:`tests.tasks.crash`):
   store) or ``plain`` (the control: a PostgreSQL row).
 - ``TASKS_EFFECTS``: the PostgreSQL DSN of the effects table (``commit``, ``plain``);
   ``TASKS_TABLE``: its name.
-- ``TASKS_EVENTS``: a file each delivery's outcome is appended to (``executed``, ``replayed``).
+- ``TASKS_EVENTS``: a file each delivery's start (``received``) and outcome (``executed``,
+  ``replayed``) are appended to.
 """
 
 from __future__ import annotations
@@ -19,10 +20,11 @@ import os
 from typing import Any
 
 from celery import Celery
+from celery.signals import task_prerun
 
 from retrysafe.contrib.celery import idempotent_task
 
-from .effects import BROKER, MODE, QUEUE, STORE, effect, event, work
+from .effects import BROKER, EVENTS, MODE, QUEUE, STORE, effect, event, work
 
 app = Celery("tasks_test", broker=BROKER)
 app.conf.update(
@@ -68,3 +70,12 @@ else:
         work()
         effect(order_id)
         return {"order_id": order_id, "amount": amount}
+
+
+@task_prerun.connect
+def _received(args: Any = (), **_: Any) -> None:
+    """Each delivery a worker starts, before retrysafe sees it: a lost key without one is a
+    message the broker never handed to a task."""
+    if args:
+        with open(EVENTS, "a") as out:
+            out.write(f"received {args[0]}\n")

@@ -63,6 +63,7 @@ class Outcome:
     seconds: float = 0.0
     latencies: list[float] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)  # each lost key and what its record holds
+    undelivered: int = 0  # lost keys no worker ever started a delivery of (the broker lost them)
 
     @property
     def duplicates(self) -> int:
@@ -83,7 +84,8 @@ class Outcome:
         return (
             f"{p.queue:8} {p.broker:8} {p.store:8} tasks={p.tasks} sends={self.sends} "
             f"kills={self.kills} effects={self.effects} duplicates={self.duplicates} "
-            f"lost={self.lost} replays={self.replays} unknown={self.unknown} "
+            f"lost={self.lost} undelivered={self.undelivered} replays={self.replays} "
+            f"unknown={self.unknown} "
             f"p50={self.percentile(50):.2f}s p99={self.percentile(99):.2f}s run={self.seconds:.1f}s"
             + "".join(f"\n  lost {line}" for line in self.missing)
         )
@@ -168,7 +170,12 @@ class Setup:
             return conn.execute(f"SELECT key, at FROM {self.table}").fetchall()  # type: ignore[return-value]
 
     def events_count(self) -> int:
-        return len(self.events.read_text().splitlines())
+        """The deliveries that came to an outcome (executed, replayed, outcome unknown)."""
+        return sum(map(self.count, ("executed", "replayed", "outcome_unknown")))
+
+    def received(self, key: str) -> bool:
+        """Whether a worker ever started a delivery of ``key`` (Celery's ``task_prerun``)."""
+        return f"received {key}\n" in self.events.read_text()
 
     def count(self, event: str) -> int:
         return self.events.read_text().split().count(event)
@@ -318,6 +325,7 @@ def describe_lost(setup: Setup, key: str) -> str:
             f"{key}: "
             + "; ".join(describe(rid, store.get(rid), function=setup.task_name))
             + f"; deliveries that reported: {', '.join(seen) or 'none'}"
+            + ("" if setup.plan.queue != "celery" else f"; started: {setup.received(key)}")
         )
     except Exception as exc:  # a diagnosis, never the run's failure
         return f"{key}: record not read ({exc!r})"
@@ -398,7 +406,10 @@ def crash_run(plan: Plan, tmp: Path) -> Outcome:
         outcome.replays = setup.count("replayed")
         outcome.unknown = setup.count("outcome_unknown")
         outcome.seconds = time.monotonic() - started
-        outcome.missing = [describe_lost(setup, k) for k in keys if k not in first]
+        lost = [k for k in keys if k not in first]
+        outcome.missing = [describe_lost(setup, k) for k in lost]
+        if plan.queue == "celery":
+            outcome.undelivered = sum(not setup.received(k) for k in lost)
         return outcome
     finally:
         for worker in workers:

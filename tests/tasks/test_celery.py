@@ -10,15 +10,23 @@ from pathlib import Path
 import pytest
 
 from .conftest import services
-from .crash import Plan, crash_run
+from .crash import Outcome, Plan, crash_run
 
 pytestmark = pytest.mark.e2e
+
+
+def excused(outcome: Outcome) -> int:
+    """Lost keys that are the broker's: on Celery's Redis transport a message is taken off the
+    list before it is recorded as unacknowledged (celery/celery#7950), and a worker killed in
+    between loses it before any task starts. A key no worker ever started is that; a key a
+    worker started and nobody finished is retrysafe's and never excused."""
+    return outcome.undelivered if outcome.plan.broker == "redis" else 0
 
 
 def check(outcome_plan: Plan, tmp_path: Path) -> None:
     outcome = crash_run(outcome_plan, tmp_path)
     print(outcome.line())
-    assert outcome.lost == 0, outcome.line()
+    assert outcome.lost - excused(outcome) == 0, outcome.line()
     if outcome_plan.store == "redis":
         # The effect's database is not the store's: a kill between the effect's commit and
         # mark_committed() (one round trip) runs it again; never more than once per kill.
