@@ -185,6 +185,34 @@ def test_dramatiq_a_message_that_meets_an_unreachable_store_comes_back_later(
     assert runs == ["o-1"]
 
 
+def test_a_copy_of_a_short_task_looks_again_within_seconds_not_a_lease(tmp_path: Path) -> None:
+    """A copy that meets a live run comes back after a few seconds at most, not after the
+    lease left (30 s by default): the first run of a short task is long done by then."""
+    from retrysafe.contrib._tasks import IN_PROGRESS_RETRY_MAX, TaskFunction
+
+    started, release = threading.Event(), threading.Event()
+
+    def charge(order_id: str) -> str:
+        started.set()
+        release.wait(10)
+        return order_id
+
+    keyed = TaskFunction(
+        charge, where="t", name="shop.charge", store=f"sqlite:///{tmp_path}/c.db", key="order_id"
+    )
+    first = threading.Thread(target=keyed.run, args=(("o-1",), {}))
+    first.start()
+    try:
+        assert started.wait(10)
+        delivery = keyed.run(("o-1",), {})
+    finally:
+        release.set()
+        first.join()
+        keyed.function.close()
+    assert delivery.status == "in_progress"
+    assert delivery.retry_after is not None and 1 <= delivery.retry_after <= IN_PROGRESS_RETRY_MAX
+
+
 def test_called_directly_the_task_needs_a_key(tmp_path: Any) -> None:
     app = Celery("tasks_direct", broker="memory://")
 

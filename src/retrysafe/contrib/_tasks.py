@@ -29,6 +29,7 @@ from ..consumer import Delivery
 from ..functions import IdempotentFunction, idempotent_function
 
 __all__ = [
+    "IN_PROGRESS_RETRY_MAX",
     "KEY_HEADER",
     "STORE_RETRY_AFTER",
     "Redelivery",
@@ -44,6 +45,9 @@ logger = logging.getLogger("retrysafe")
 
 #: Seconds after which a delivery that met a failing store comes back.
 STORE_RETRY_AFTER = 2
+
+#: The longest a copy that met a running task waits before it comes back to look again.
+IN_PROGRESS_RETRY_MAX = 5
 
 
 class TaskFunction:
@@ -109,7 +113,11 @@ class TaskFunction:
         try:
             result = self.function.invoke(call, args, call_kwargs)
         except InProgressError as error:
-            return Delivery("in_progress", retry_after=max(1, error.retry_after or 1))
+            # The error's retry_after is the HTTP answer's (the lease left, or the usual run
+            # time once known): a copy of a short task would wait a whole lease. A queue polls
+            # cheaply, so a copy looks again after a few seconds at the most.
+            wait = min(max(1, error.retry_after or 1), IN_PROGRESS_RETRY_MAX)
+            return Delivery("in_progress", retry_after=wait)
         except StoreError:
             # Fail closed (the default): nothing ran unprotected, and a failure after the run is
             # one a retry may meet (writes rolled back with the record, or the key kept as
