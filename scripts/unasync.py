@@ -248,6 +248,7 @@ TWINS = [
             ),
             (r"redis-py asyncio client", "redis-py sync client"),
             (r"``redis\.asyncio\.Redis``", "``redis.Redis``"),
+            (r"\bpipeline_async\b", "pipeline_sync"),
         ],
     ),
     Twin(

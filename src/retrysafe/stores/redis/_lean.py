@@ -37,7 +37,7 @@ import hiredis
 
 from ..._core.errors import StoreError, StoreUnavailableError
 from .._base import StoreStats
-from ._commands import Call, RedisURL, Tally, now_ms, reply_error
+from ._commands import Call, RedisURL, Tally, Wait, now_ms, reply_error
 
 __all__ = ["LeanDriver", "LeanRedis", "ReplyError", "pack_command"]
 
@@ -225,6 +225,23 @@ class LeanRedis:
             conn = await self._connect()
         return await conn.send(packed)
 
+    async def execute_all(self, commands: list[bytes]) -> list[Any]:
+        """Send several packed commands in one write, on one connection, in order; return their
+        replies, a :data:`ReplyError` in the place of a command Redis refused.
+
+        Raises:
+            StoreUnavailableError: as :meth:`execute`, for any of them.
+        """
+        conn = self._conn
+        if conn is None or conn.closed or conn.loop is not asyncio.get_running_loop():
+            conn = await self._connect()
+        futures = [conn.send(packed) for packed in commands]
+        replies = await asyncio.gather(*futures, return_exceptions=True)
+        for reply in replies:
+            if isinstance(reply, BaseException) and not isinstance(reply, ReplyError):
+                raise reply
+        return replies
+
     async def _connect(self) -> _Connection:
         loop = asyncio.get_running_loop()
         task = self._connecting
@@ -306,6 +323,8 @@ class LeanDriver:
 
     async def perform(self, call: Call[T]) -> T:
         """Run one script call (``EVALSHA``, ``EVAL`` when the server lost the script)."""
+        if call.wait is not None:
+            return await self._perform_acked(call, call.wait)
         lean = self.lean
         script = call.script
         try:
@@ -320,6 +339,21 @@ class LeanDriver:
         except ReplyError as exc:
             raise reply_error(exc, script.name) from exc
         result: T = call.parse(reply, call)
+        return result
+
+    async def _perform_acked(self, call: Call[T], wait: Wait) -> T:
+        """The script and ``WAIT`` after it, in one write (see :class:`Wait`)."""
+        script = call.script
+        wait_packed = pack_command(wait.command)
+        packed = pack_command(("EVALSHA", script.sha, 1, *call.args))
+        reply, acked = await self.lean.execute_all([packed, wait_packed])
+        if isinstance(reply, ReplyError) and str(reply).startswith("NOSCRIPT"):
+            packed = pack_command(("EVAL", script.source, 1, *call.args))
+            reply, acked = await self.lean.execute_all([packed, wait_packed])
+        if isinstance(reply, ReplyError):
+            raise reply_error(reply, script.name) from reply
+        result: T = call.parse(reply, call)
+        wait.check(reply, acked, script.name)
         return result
 
     async def beat(self, key: str, ttl_ms: int) -> None:
