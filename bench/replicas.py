@@ -64,8 +64,11 @@ class Pair:
                 stderr=subprocess.DEVNULL,
             ),
             subprocess.Popen(
-                [binary, "--port", str(self.replica), *common]
-                + ["--replicaof", "127.0.0.1", str(self.master), "--repl-diskless-sync-delay", "0"],
+                [
+                    *(binary, "--port", str(self.replica), *common),
+                    *("--replicaof", "127.0.0.1", str(self.master)),
+                    *("--repl-diskless-sync-delay", "0"),
+                ],
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
             ),

@@ -24,7 +24,8 @@ What it does, in order:
    request, no server), runs the micro-benchmarks
    (``pytest bench/test_micro.py --benchmark-only``), and measures the Prometheus hook's cost
    per keyed request in-process (``executed`` + ``settled`` through the middleware's own
-   emit), in single-process and multiprocess mode.
+   emit), in single-process and multiprocess mode, and what ``?replicas=1`` costs a new key on
+   a Redis master with one replica of its own (``bench/replicas.py``).
 6. Measures ``retrysafe proxy`` in front of the bare endpoint (``bench/sidecar.py``): direct,
    nginx from Debian's package as a plain reverse proxy, the proxy with no key, a new key and
    replays on memory, SQLite and Redis, at 1, 32 and 128 connections, with the proxy's and the
@@ -812,6 +813,10 @@ def markdown(report: dict[str, Any]) -> str:
                 f"| {found['replay']:.1f} | {found['overhead']:.1f} |"
             )
         lines.append("")
+    if report.get("replicas_us"):
+        import replicas
+
+        lines += replicas.markdown(report["replicas_us"], 32)
     if report.get("tasks_ms"):
         lines += [
             "## Celery: a keyed task over the bare task (bench/tasks.py)",
@@ -963,6 +968,23 @@ def call_figures(env_urls: dict[str, str]) -> dict[str, dict[str, float]] | None
     figures: dict[str, dict[str, float]] = json.loads(result.stdout[result.stdout.index("{") :])
     for name, found in figures.items():
         log(f"call {name}: {found['overhead']:.1f} us over the bare call ({found})")
+    return figures
+
+
+def replica_figures() -> dict[str, dict[str, float]] | None:
+    """A new key on Redis with ``?replicas=1`` beside the default, on a master with one replica
+    of the benchmark's own (bench/replicas.py), in a process of its own (None without
+    redis-server on PATH)."""
+    if shutil.which("redis-server") is None or not module_available("redis"):
+        return None
+    command = [sys.executable, str(BENCH / "replicas.py"), "--json", "/dev/stdout"]
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:
+        log(f"replica figures failed: {result.stderr.strip()[-300:]}")
+        return None
+    figures: dict[str, dict[str, float]] = json.loads(result.stdout[result.stdout.index("{") :])
+    for replicas, found in figures.items():
+        log(f"redis replicas={replicas}: {found}")
     return figures
 
 
@@ -1372,6 +1394,7 @@ def main(argv: list[str] | None = None) -> int:
     hook_cost = metrics_hook_cost()
     inprocess = inprocess_figures()
     calls = call_figures(env_urls)
+    replicas = replica_figures()
     tasks = task_figures(env_urls)
 
     rows = summarize(runs, specs)
@@ -1407,6 +1430,7 @@ def main(argv: list[str] | None = None) -> int:
         "metrics_hook_us": hook_cost,
         "inprocess_us": inprocess,
         "calls_us": calls,
+        "replicas_us": replicas,
         "tasks_ms": tasks,
         "runs": runs,
         "sidecar": sidecar_report,

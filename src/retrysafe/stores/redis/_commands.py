@@ -159,7 +159,7 @@ def check_replicas(replicas: Any, replicas_timeout: Any, timeout: float) -> None
     if (
         isinstance(replicas_timeout, bool)
         or not isinstance(replicas_timeout, int | float)
-        or not 0 < replicas_timeout
+        or not replicas_timeout > 0
         or (replicas and replicas_timeout >= timeout)
     ):
         raise ConfigurationError(
