@@ -450,3 +450,80 @@ async def test_four_masters_killed_with_their_replicas_cut_off(
     if replicas:
         assert duplicates == 0, [k for k, n in effects.items() if n > 1]
         assert set(effects.values()) == {1}
+
+
+async def test_concurrent_writes_share_one_wait(
+    master_with_replica: tuple[PrivateRedis, _Replica],
+) -> None:
+    """The async store's writes sent together are followed by one WAIT, not one each (a WAIT
+    blocks its connection on the server until the replica answers)."""
+    master, _ = master_with_replica
+    store = AsyncRedisStore(with_prefix(master.url, unique_prefix("batch")) + "&replicas=1")
+    client = redis.Redis.from_url(master.url)
+    try:
+        await store.reserve("warm", FP, lease=LEASE, ttl=TTL)
+        client.config_resetstat()
+        won = await asyncio.gather(
+            *(store.reserve(f"k{i}", FP, lease=LEASE, ttl=TTL) for i in range(50))
+        )
+        assert all(r.token for r in won)
+        stats = client.info("commandstats")
+        assert stats["cmdstat_evalsha"]["calls"] == 50
+        assert stats["cmdstat_wait"]["calls"] < 10
+    finally:
+        client.close()
+        await store.aclose()
+
+
+def _on_replica(port: int, key: str) -> bytes | None:
+    client = redis.Redis(port=port, single_connection_client=True)
+    try:
+        client.execute_command("READONLY")
+        value: bytes | None = client.hget(key, "s")  # type: ignore[assignment]
+        return value
+    finally:
+        client.close()
+
+
+async def test_cluster_writes_are_acknowledged_and_follow_a_moved_slot(
+    redis_cluster: RedisClusterProcs,
+) -> None:
+    """replicas=1 on a cluster, both faces: each write is on the slot master's replica when it
+    returns, and after a planned failover (the store's slot map now stale: MOVED) the next
+    write follows the slot to its new master."""
+    from .test_redis_cluster import _fail_over
+
+    prefix = f"rs-acks-{RUN_ID}-{uuid.uuid4().hex[:8]}:"
+    url = f"redis+cluster://{redis_cluster.seeds}?prefix={prefix}&replicas=1"
+    store = AsyncRedisClusterStore(url)
+    sync = store_from_url(url)
+    probe = redis.cluster.RedisCluster(host="127.0.0.1", port=redis_cluster.ports[0])
+    try:
+        for name, reserve, complete in (
+            ("a", store.reserve, store.complete),
+            ("s", lambda *a, **k: asyncio.to_thread(sync.reserve, *a, **k), None),
+        ):
+            won = await reserve(name, FP, lease=LEASE, ttl=TTL)
+            assert won.token
+            if complete is not None:
+                assert await complete(name, won.token, b"r", ttl=TTL)
+            else:
+                assert sync.complete(name, won.token, b"r", ttl=TTL)
+            master = probe.get_node_from_key(f"{prefix}{name}").port
+            replica = redis_cluster.masters_and_replicas()[master][0]
+            assert _on_replica(replica, f"{prefix}{name}") == b"1"
+        # Move the slot of "m" to its replica; the stores still route it to the old master.
+        key = f"{prefix}m"
+        master = probe.get_node_from_key(key).port
+        replica = redis_cluster.masters_and_replicas()[master][0]
+        await asyncio.to_thread(_fail_over, redis_cluster, master, replica)
+        won = await store.reserve("m", FP, lease=LEASE, ttl=TTL)
+        assert won.token and await store.complete("m", won.token, b"r", ttl=TTL)
+        # The sync store's map is stale too: it meets the completed record on the new master.
+        again = await asyncio.to_thread(sync.reserve, "m", FP, lease=LEASE, ttl=TTL)
+        assert again.record is not None and again.record.response == b"r"
+        await asyncio.to_thread(redis_cluster.wait_ok)
+    finally:
+        probe.close()
+        await store.aclose()
+        sync.close()
