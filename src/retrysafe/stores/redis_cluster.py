@@ -9,7 +9,8 @@ reading it is one more call, on conflicts only).
 
 URL: ``redis+cluster://[user:password@]host:port[,host:port...][?option=value]``, any reachable
 nodes as seeds (the rest are discovered). Options: ``prefix``, ``timeout``, ``connect_timeout``,
-``heartbeat`` as for ``redis://``, and ``ssl_ca_certs`` (a CA file for ``rediss+cluster://``).
+``heartbeat``, ``replicas``, ``replicas_timeout`` as for ``redis://``, and ``ssl_ca_certs`` (a CA
+file for ``rediss+cluster://``).
 A hash tag in the prefix (``prefix={orders}:``) pins every record to one slot, which the store
 does not need: one record is one key.
 
@@ -30,7 +31,12 @@ master under load. Keep the lease (30 s by default) well above the cluster's fai
 
 Durability: Redis replicates asynchronously. A planned failover (``CLUSTER FAILOVER``) loses
 nothing; a master that crashes can lose its last acknowledged writes, and a lost reservation
-lets a retry run again. Run the masters with AOF where that matters.
+lets a retry run again. ``?replicas=N`` makes each reservation, completion and commit mark wait
+for N replicas of its slot's master (``WAIT``, pipelined after the script on a connection of
+that master, not through redis-py's cluster pipeline, which may resend a redirected command on
+another connection, where a ``WAIT`` would count nothing of it); one not acknowledged in time
+is :class:`~retrysafe.StoreUnavailableError` (``503``). Run the masters with AOF where that
+matters.
 """
 
 from __future__ import annotations
