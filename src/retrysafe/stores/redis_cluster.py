@@ -18,9 +18,9 @@ Retries: unlike the single-server store, the cluster clients keep redis-py's ret
 connection error or timeout they re-read the slot map and resend, which is how a command finds
 a slot's new master after a failover. So a command may reach Redis twice, and the scripts are
 safe to repeat: a resent ``reserve`` recognises its own token and wins (without that, a lost
-reply would strand the key until its lease lapsed), renewals and marks are idempotent, and a
-resent ``complete`` or ``release`` answers "fenced out", which the middleware only reports
-(``lease_lost``; the response that ran is still the one sent). Redirections (``MOVED``,
+reply would strand the key until its lease lapsed), renewals and marks are idempotent, a
+resent ``complete`` answers "done" (same token, same response), and a resent ``release``
+answers "fenced out", which the middleware only reports. Redirections (``MOVED``,
 ``ASK``) are followed either way. A failure inside the cluster client that is not one of
 redis-py's errors is answered as :class:`~retrysafe.StoreUnavailableError` too (``503``, never
 a 500).
