@@ -956,18 +956,26 @@ def inprocess_figures() -> dict[str, float] | None:
 def call_figures(env_urls: dict[str, str]) -> dict[str, dict[str, float]] | None:
     """Microseconds per call of ``idempotent_function`` over the bare call, on each available
     store, def and async def (bench/calls.py), in a process of its own."""
-    command = [sys.executable, str(BENCH / "calls.py"), "--json", "/dev/stdout"]
+    options = []
     if "BENCH_POSTGRES_URL" in env_urls:
-        command += ["--postgres-url", env_urls["BENCH_POSTGRES_URL"]]
+        options += ["--postgres-url", env_urls["BENCH_POSTGRES_URL"]]
     if "BENCH_REDIS_URL" in env_urls:
-        command += ["--redis-url", env_urls["BENCH_REDIS_URL"]]
+        options += ["--redis-url", env_urls["BENCH_REDIS_URL"]]
+    figures = _json_figures("calls.py", options, "call")
+    for name, found in (figures or {}).items():
+        log(f"call {name}: {found['overhead']:.1f} us over the bare call ({found})")
+    return figures
+
+
+def _json_figures(script: str, options: list[str], what: str) -> dict[str, Any] | None:
+    """Run ``bench/<script> --json /dev/stdout`` in a process of its own; its figures, or
+    ``None`` (logged) when it failed."""
+    command = [sys.executable, str(BENCH / script), "--json", "/dev/stdout", *options]
     result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode != 0:
-        log(f"call figures failed: {result.stderr.strip()[-300:]}")
+        log(f"{what} figures failed: {result.stderr.strip()[-300:]}")
         return None
-    figures: dict[str, dict[str, float]] = json.loads(result.stdout[result.stdout.index("{") :])
-    for name, found in figures.items():
-        log(f"call {name}: {found['overhead']:.1f} us over the bare call ({found})")
+    figures: dict[str, Any] = json.loads(result.stdout[result.stdout.index("{") :])
     return figures
 
 
@@ -977,13 +985,8 @@ def replica_figures() -> dict[str, dict[str, float]] | None:
     redis-server on PATH)."""
     if shutil.which("redis-server") is None or not module_available("redis"):
         return None
-    command = [sys.executable, str(BENCH / "replicas.py"), "--json", "/dev/stdout"]
-    result = subprocess.run(command, capture_output=True, text=True)
-    if result.returncode != 0:
-        log(f"replica figures failed: {result.stderr.strip()[-300:]}")
-        return None
-    figures: dict[str, dict[str, float]] = json.loads(result.stdout[result.stdout.index("{") :])
-    for replicas, found in figures.items():
+    figures = _json_figures("replicas.py", [], "replica")
+    for replicas, found in (figures or {}).items():
         log(f"redis replicas={replicas}: {found}")
     return figures
 
