@@ -75,7 +75,7 @@ REPLAYED = "idempotency-replayed"
 WAIT = 15.0
 
 #: The shells that take the backend's async store; every other shell takes its sync store.
-ASYNC_SHELLS = frozenset({"asgi", "django-async"})
+ASYNC_SHELLS = frozenset({"asgi", "django-async", "aiohttp"})
 
 Headers = Sequence[tuple[str | bytes, str | bytes]] | dict[str, str] | None
 
@@ -438,6 +438,10 @@ def client_front(shell: str, store: Any, world: World, **options: Any) -> Client
         from .django_front import DjangoAsyncFront
 
         return DjangoAsyncFront(store, world, **options)
+    if shell == "aiohttp":
+        from .aiohttp_front import AiohttpFront
+
+        return AiohttpFront(store, world, **options)
     raise ValueError(f"unknown shell {shell!r}")
 
 
