@@ -10,9 +10,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 
-import grpc
 from retrysafe import ConfigurationError
 from retrysafe.contrib.grpc import IdempotencyInterceptor
 

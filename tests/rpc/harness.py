@@ -10,9 +10,9 @@ from concurrent import futures
 from pathlib import Path
 from typing import Any
 
+import grpc
 import grpc.aio
 
-import grpc
 from retrysafe.contrib.grpc import AsyncIdempotencyInterceptor, IdempotencyInterceptor
 
 from .service import CREATE, UPLOAD, WATCH, Effects, dumps, handlers

@@ -8,12 +8,14 @@ Methods of ``shop.Orders``:
 - ``Create`` (unary-unary): records one effect for ``request["item"]`` (an ``effects`` row in a
   SQLite file shared across processes, or the in-process list), then answers
   ``{"order": n, "item": ...}``. Knobs in the request: ``hold`` (seconds to sleep before the
-  effect), ``entered`` (a file touched when the handler starts), ``abort`` (a status code name
-  to end with, after the effect), ``fail`` (raise after nothing), ``tx`` (write the effect on
-  the idempotent transaction's connection), ``fail_after_write`` (raise after that write).
+  effect), ``entered`` (a file touched when the handler starts), ``hold_while`` (a file: the
+  handler waits while it exists), ``abort`` (a status code name
+  to end with, after the effect), ``fail`` (raise after nothing), ``tx`` (a table: write the
+  effect there, on the idempotent transaction's connection), ``fail_after_write`` (raise
+  after that write).
 - ``Watch`` (unary-stream): streams two messages; ``Upload`` (stream-unary): counts messages.
 
-``python -m tests.grpc.service PORT STORE_URL EFFECTS_DB [aio] [--lease S]`` serves it in a
+``python -m tests.rpc.service PORT STORE_URL EFFECTS_DB [aio] [--lease S]`` serves it in a
 process of its own (for the crash tests) until killed.
 """
 
@@ -30,9 +32,9 @@ from concurrent import futures
 from pathlib import Path
 from typing import Any
 
+import grpc
 import grpc.aio
 
-import grpc
 import retrysafe
 from retrysafe.functions import transaction
 
@@ -75,6 +77,10 @@ class Effects:
 def _start(request: dict[str, Any]) -> None:
     if request.get("entered"):
         Path(request["entered"]).touch()
+    if request.get("hold_while"):  # wait (bounded) while the test keeps this file
+        deadline = time.monotonic() + 30
+        while Path(request["hold_while"]).exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
 
 
 def _create_sync(effects: Effects) -> Any:
@@ -85,8 +91,8 @@ def _create_sync(effects: Effects) -> Any:
             raise RuntimeError("the handler failed")
         if request.get("tx"):
             conn = transaction()
-            conn.execute("CREATE TABLE IF NOT EXISTS orders (item TEXT)")
-            conn.execute("INSERT INTO orders (item) VALUES (?)", (request["item"],))
+            mark = "$1" if type(conn).__module__.startswith("psycopg") else "?"  # RawCursor
+            conn.execute(f"INSERT INTO {request['tx']} (item) VALUES ({mark})", (request["item"],))
             if request.get("fail_after_write"):
                 raise RuntimeError("failed after writing")
             order = 0
@@ -102,14 +108,14 @@ def _create_sync(effects: Effects) -> Any:
 
 def _create_async(effects: Effects) -> Any:
     async def create(request: dict[str, Any], context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-        _start(request)
+        await asyncio.to_thread(_start, request)
         await asyncio.sleep(request.get("hold", 0))
         if request.get("fail"):
             raise RuntimeError("the handler failed")
         if request.get("tx"):
             conn = await retrysafe.transaction()
-            await _aexecute(conn, "CREATE TABLE IF NOT EXISTS orders (item TEXT)")
-            await _aexecute(conn, "INSERT INTO orders (item) VALUES (?)", request["item"])
+            sql = f"INSERT INTO {request['tx']} (item) VALUES (?)"
+            await _aexecute(conn, sql, request["item"])
             if request.get("fail_after_write"):
                 raise RuntimeError("failed after writing")
             order = 0
