@@ -12,7 +12,8 @@ Methods of ``shop.Orders``:
   handler waits while it exists), ``abort`` (a status code name
   to end with, after the effect), ``fail`` (raise after nothing), ``tx`` (a table: write the
   effect there, on the idempotent transaction's connection), ``fail_after_write`` (raise
-  after that write).
+  after that write), ``fail_first_with`` (a code the item's first attempt ends with, before
+  anything). Every attempt's key is appended to :data:`SEEN_KEYS`.
 - ``Watch`` (unary-stream): streams two messages; ``Upload`` (stream-unary): counts messages.
 
 ``python -m tests.rpc.service PORT STORE_URL EFFECTS_DB [aio] [--lease S]`` serves it in a
@@ -74,6 +75,27 @@ class Effects:
             return int(conn.execute(query, (item,)).fetchone()[0])
 
 
+#: Items whose first attempt failed (``fail_first_with``), in this process.
+_failed_once: set[str] = set()
+#: The idempotency-key of every attempt that reached a handler, in order.
+SEEN_KEYS: list[str] = []
+
+
+def _fail_first(request: dict[str, Any]) -> str | None:
+    """The code to end this attempt with: ``fail_first_with`` on the item's first attempt."""
+    code = request.get("fail_first_with")
+    if code and request["item"] not in _failed_once:
+        _failed_once.add(request["item"])
+        return str(code)
+    return None
+
+
+def _seen(context: Any) -> None:
+    for name, value in context.invocation_metadata():
+        if name == "idempotency-key":
+            SEEN_KEYS.append(value)
+
+
 def _start(request: dict[str, Any]) -> None:
     if request.get("entered"):
         Path(request["entered"]).touch()
@@ -85,7 +107,10 @@ def _start(request: dict[str, Any]) -> None:
 
 def _create_sync(effects: Effects) -> Any:
     def create(request: dict[str, Any], context: grpc.ServicerContext) -> dict[str, Any]:
+        _seen(context)
         _start(request)
+        if (code := _fail_first(request)) is not None:
+            context.abort(grpc.StatusCode[code], "failed first")
         time.sleep(request.get("hold", 0))
         if request.get("fail"):
             raise RuntimeError("the handler failed")
@@ -108,7 +133,10 @@ def _create_sync(effects: Effects) -> Any:
 
 def _create_async(effects: Effects) -> Any:
     async def create(request: dict[str, Any], context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        _seen(context)
         await asyncio.to_thread(_start, request)
+        if (code := _fail_first(request)) is not None:
+            await context.abort(grpc.StatusCode[code], "failed first")
         await asyncio.sleep(request.get("hold", 0))
         if request.get("fail"):
             raise RuntimeError("the handler failed")
