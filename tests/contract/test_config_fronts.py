@@ -31,6 +31,7 @@ from starlette.middleware import Middleware
 
 import retrysafe.asgi
 import retrysafe.contrib.aiohttp
+import retrysafe.contrib.grpc
 import retrysafe.wsgi
 from retrysafe import ConfigurationError
 from retrysafe.contrib.fastapi import install
@@ -262,6 +263,20 @@ FRONTS = {
         _keywords("idempotency_middleware"),
         lambda options, tmp: _raised(
             lambda: retrysafe.contrib.aiohttp.idempotency_middleware(store="memory://", **options)
+        ),
+    ),
+    "grpc-interceptor": Front(
+        _same,
+        _keywords("IdempotencyInterceptor"),
+        lambda options, tmp: _raised(
+            lambda: retrysafe.contrib.grpc.IdempotencyInterceptor(store="memory://", **options)
+        ),
+    ),
+    "grpc-aio-interceptor": Front(
+        _same,
+        _keywords("AsyncIdempotencyInterceptor"),
+        lambda options, tmp: _raised(
+            lambda: retrysafe.contrib.grpc.AsyncIdempotencyInterceptor(store="memory://", **options)
         ),
     ),
     "flask-config": Front(_upper, lambda key: f"{key} in app.config", _flask_config),

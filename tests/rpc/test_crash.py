@@ -96,3 +96,38 @@ def test_a_server_killed_mid_call_then_the_retry_with_the_same_key_runs_once(
         first.close()
         if second is not None:
             second.close()
+
+
+@pytest.mark.parametrize("kind", ["sync", "aio"])
+def test_eight_concurrent_calls_with_one_key_across_two_server_processes_run_once(
+    kind: str, tmp_path: Path
+) -> None:
+    store = f"sqlite:///{tmp_path}/idempotency.db"
+    effects = Effects(tmp_path / "effects.db")
+    servers = [
+        ServiceProcess(kind, store, effects.path, tmp_path / f"server{n}.log") for n in range(2)
+    ]
+    try:
+        outcomes: list[Outcome] = []
+        start = threading.Barrier(8)
+        request = {"item": "book", "hold": 0.5}
+
+        def send(n: int) -> None:
+            start.wait()
+            outcomes.append(call(servers[n % 2].channel, request, key="shared"))
+
+        threads = [threading.Thread(target=send, args=(n,)) for n in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+        codes = sorted(o.code.name for o in outcomes)
+        assert effects.count() == 1, codes
+        assert codes.count("OK") >= 1 and set(codes) <= {"OK", "ABORTED"}
+        assert len({o.body for o in outcomes if o.code is grpc.StatusCode.OK}) == 1
+        for server in servers:  # both processes replay the one outcome
+            assert call(server.channel, request, key="shared").replayed
+        assert effects.count() == 1
+    finally:
+        for server in servers:
+            server.close()
