@@ -24,7 +24,7 @@ from yarl import URL
 
 from retrysafe.contrib.aiohttp import IDEMPOTENCY, mark_committed, setup
 
-from .harness import WAIT, HandlerFailed, World, plan
+from .harness import WAIT, HandlerFailed, World, plan, streamed
 
 __all__ = ["AiohttpFront", "aiohttp_app"]
 
@@ -45,15 +45,7 @@ def aiohttp_app(world: World) -> web.Application:
         if p.fail:
             raise HandlerFailed("the handler failed")  # aiohttp answers 500
         if len(p.chunks) > 1:
-
-            async def stream() -> AsyncIterator[bytes]:
-                for i, chunk in enumerate(p.chunks):
-                    await asyncio.sleep(0)
-                    if i == 1 and p.midway:
-                        raise HandlerFailed("the body failed midway")
-                    yield chunk
-
-            response = web.Response(status=p.status, body=stream())
+            response = web.Response(status=p.status, body=streamed(p))
             response.headers.popall("Content-Type", None)
         else:
             response = web.Response(status=p.status, body=p.chunks[0] or None)

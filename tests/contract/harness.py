@@ -189,6 +189,15 @@ class HandlerFailed(RuntimeError):
     """What the app raises for ``fail=...``."""
 
 
+async def streamed(p: Plan) -> AsyncIterator[bytes]:
+    """The planned body as an async app streams it (``fail=midway``: failing after a chunk)."""
+    for i, chunk in enumerate(p.chunks):
+        await asyncio.sleep(0)
+        if i == 1 and p.midway:
+            raise HandlerFailed("the body failed midway")
+        yield chunk
+
+
 # -- the ASGI front --------------------------------------------------------------------------
 
 
@@ -208,15 +217,7 @@ def asgi_app(world: World) -> Starlette:
         if p.fail:
             raise HandlerFailed("the handler failed")
         if len(p.chunks) > 1:
-
-            async def stream() -> AsyncIterator[bytes]:
-                for i, chunk in enumerate(p.chunks):
-                    await asyncio.sleep(0)
-                    if i == 1 and p.midway:
-                        raise HandlerFailed("the body failed midway")
-                    yield chunk
-
-            response: Response = StreamingResponse(stream(), status_code=p.status)
+            response: Response = StreamingResponse(streamed(p), status_code=p.status)
         else:
             response = Response(p.chunks[0], status_code=p.status)
         # Every header as planned, repeated fields included (a dict would merge them).
