@@ -230,3 +230,14 @@ def test_a_bad_option_is_one_configuration_error_at_construction(
     with pytest.raises(ConfigurationError) as refused:
         IdempotencyInterceptor(store="memory://", **options)
     assert str(refused.value).startswith(message)
+
+
+def test_events_name_the_method_as_the_route_for_metrics(
+    make_server: Callable[..., Server],
+) -> None:
+    events: list[tuple[str, Any]] = []
+    server = make_server(on_event=lambda event, details: events.append((event, details)))
+    call(server.channel, {"item": "book"}, key="e")
+    call(server.channel, {"item": "book"}, key="e")
+    seen = {(event, details["route"]) for event, details in events}
+    assert {("executed", CREATE), ("replayed", CREATE)} <= seen
