@@ -2,7 +2,8 @@
 ``django``, ``django-async``) over every store (ids ``memory``, ``sqlite``, ``postgres``,
 ``redis``; async stores behind ASGI and Django's ASGI path, sync ones behind WSGI, Flask and
 Django's WSGI path), each store isolated per test (a fresh file, table or key prefix, as
-tests/stores does)."""
+tests/stores does). Shell ``aiohttp`` (aiohttp's test server, ``aiohttp_front.py``) takes async
+stores."""
 
 from __future__ import annotations
 

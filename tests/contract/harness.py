@@ -8,7 +8,8 @@ server does) and behind a framework integration driven through the framework's o
 ``django`` and ``django-async``: Django views under ``retrysafe.contrib.django``, see
 ``django_front.py``; any such front implements :class:`ClientFront` and is named in
 :func:`client_front`). Tests talk to every shell through one sync API (:meth:`Service.post`)
-and use threads for concurrency, so every test reads the same on every front.
+and use threads for concurrency, so every test reads the same on every front. (Shell
+``aiohttp``: an aiohttp.web app on aiohttp's test server, see ``aiohttp_front.py``.)
 
 The app's one route (any path) counts its runs per path (the "effect") and takes knobs from the
 query string:
