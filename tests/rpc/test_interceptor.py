@@ -222,6 +222,11 @@ def test_an_unreachable_store_is_unavailable_with_a_retry_delay(
         ({"ttl": -5}, "IdempotencyInterceptor(ttl=...): must be positive, got -5"),
         ({"methods": ["Create"]}, "IdempotencyInterceptor(methods=...): full method names"),
         ({"release_codes": ["NOPE"]}, "IdempotencyInterceptor(release_codes=...): not status"),
+        (
+            {"release_statuses": [404]},
+            "IdempotencyInterceptor(release_statuses=...): an HTTP option, it does not apply to "
+            "gRPC calls (use release_codes=)",
+        ),
     ],
 )
 def test_a_bad_option_is_one_configuration_error_at_construction(

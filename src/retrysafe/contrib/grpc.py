@@ -94,6 +94,26 @@ def _forget(task: asyncio.Future[Any]) -> None:
         logging.getLogger("retrysafe").error("detached handler failed", exc_info=error)
 
 
+#: Fields of IdempotencyConfig that only an HTTP front reads: refused here rather than ignored.
+_HTTP_ONLY = frozenset(
+    {
+        "max_body_size",
+        "max_stored_body_size",
+        "canonical_json",
+        "release_statuses",
+        "store_server_errors",
+        "replay_header_denylist",
+        "replay_header_allowlist",
+        "scope_resolver",
+        "problem_type_base",
+        "documentation_url",
+        "detach_handler",
+        "replay_headers",
+        "retention_header",
+    }
+)
+
+
 class _Settings:
     """What both interceptors take, checked once at construction."""
 
@@ -109,6 +129,13 @@ class _Settings:
         options: dict[str, Any],
     ) -> None:
         source = ConfigSource.keywords(owner)
+        for name in sorted(_HTTP_ONLY.intersection(options)):
+            hint = " (use principal=)" if name == "scope_resolver" else ""
+            hint = " (use release_codes=)" if name == "release_statuses" else hint
+            raise ConfigurationError(
+                f"{owner}({name}=...): an HTTP option, it does not apply to gRPC calls{hint}",
+                option=name,
+            )
         self.config = front_config(config, options, store, source)
         self.methods = None if methods is None else frozenset(_names(methods, owner, "methods"))
         self.required = frozenset(_names(required_methods, owner, "required_methods"))
