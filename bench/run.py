@@ -816,9 +816,10 @@ def markdown(report: dict[str, Any]) -> str:
         lines += [
             "## gRPC: a unary call through the interceptor over the bare call (bench/rpc.py)",
             "",
-            "A real server on loopback, one caller, wall-clock us per call (best of 3 rounds, "
-            "bare, new key and replay interleaved). New key: the first call with its key; "
-            "replay: a repeat (the stored response, nothing runs).",
+            "A real server on loopback, one caller, CPU us per call of the process holding "
+            "client and server (best of 3 rounds, bare, new key and replay interleaved). "
+            "New key: the first call with its key; replay: a repeat (the stored response, "
+            "nothing runs).",
             "",
             "| store | server | bare us | new key us | replay us | overhead us |",
             "|---|---|---:|---:|---:|---:|",
