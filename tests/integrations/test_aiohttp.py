@@ -161,3 +161,13 @@ async def test_the_store_is_closed_when_the_app_cleans_up(make: Make) -> None:
     middleware.store.aclose = aclose
     await server.close()
     assert closed == [True]
+
+
+async def test_the_store_is_opened_at_start_up_and_an_unreachable_one_only_logged(
+    make: Make, caplog: pytest.LogCaptureFixture
+) -> None:
+    server, state = await make(store="redis://127.0.0.1:9/0?timeout=0.5&connect_timeout=0.5")
+    assert "cannot be reached at start-up" in caplog.text  # the app started anyway
+    status, headers, _ = await _post(server, "/orders/1", "u")
+    assert status == 503 and headers["Retry-After"] == "1"
+    assert state["runs"] == 0

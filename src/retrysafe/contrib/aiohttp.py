@@ -14,10 +14,10 @@
     app.router.add_post("/payments", pay)
 
 :func:`setup` adds the middleware (:func:`idempotency_middleware`, an aiohttp
-``@web.middleware``), keeps it under ``app[IDEMPOTENCY]`` and closes its store on
-``app.on_cleanup``. A thin shell: it translates the aiohttp request to the neutral request, reads
-the body within the limit and hands the response to :mod:`retrysafe._core.http`, which decides
-everything else.
+``@web.middleware``), keeps it under ``app[IDEMPOTENCY]``, opens its store on
+``app.on_startup`` and closes it on ``app.on_cleanup``. A thin shell: it translates the
+aiohttp request to the neutral request, reads the body within the limit and hands the
+response to :mod:`retrysafe._core.http`, which decides everything else.
 
 What the handler returns is settled before aiohttp sends it: a ``web.Response`` (or a raised
 ``web.HTTPException``) as it is; a body streamed from an async iterable is read first (up to
@@ -35,6 +35,7 @@ from typing import Any
 
 from .._async.runner import AsyncExchange, AsyncRunner
 from .._core.config import IdempotencyConfig, front_config, front_store
+from .._core.errors import StoreError
 from .._core.http import (
     EXECUTE,
     RUN_UNPROTECTED,
@@ -91,6 +92,9 @@ _CONTEXT: Any = (
     else CONTEXT_SCOPE_KEY
 )
 
+#: A record id no key hashes to, read at start-up to open the store's connections.
+_NO_RECORD = "0" * 64
+
 _MIDDLEWARE = ConfigSource.keywords("idempotency_middleware")
 _SETUP = ConfigSource.keywords("setup")
 
@@ -122,6 +126,17 @@ class IdempotencyMiddleware:
         self.config = front_config(config, options, self.store, _source)
         self._runner = AsyncRunner(self.store)
         self._routes: dict[int, IdempotencyConfig] = {}
+
+    async def open(self) -> None:
+        """Open the store's connections (``setup`` registers this on ``app.on_startup``), so
+        the first request does not pay for them. A store that cannot be reached is logged, not
+        raised: requests answer ``503`` (or run unprotected, fail-open) until it is back."""
+        try:
+            await self.store.get(_NO_RECORD)
+        except StoreError as exc:
+            logging.getLogger("retrysafe").warning(
+                "the idempotency store cannot be reached at start-up: %s", exc
+            )
 
     async def close(self) -> None:
         """Close the store (``setup`` registers this on ``app.on_cleanup``)."""
@@ -205,8 +220,8 @@ def setup(
     config: IdempotencyConfig | None = None,
     **options: Any,
 ) -> IdempotencyMiddleware:
-    """Protect an aiohttp app: add the middleware, keep it under ``app[IDEMPOTENCY]``, and close
-    its store when the app cleans up.
+    """Protect an aiohttp app: add the middleware, keep it under ``app[IDEMPOTENCY]``, open its
+    store when the app starts and close it when the app cleans up.
 
     Args:
         app: the application (before it starts).
@@ -224,10 +239,14 @@ def setup(
     app.middlewares.append(middleware)
     app[IDEMPOTENCY] = middleware
 
-    async def close(app: web.Application) -> None:
+    async def open_store(app: web.Application) -> None:
+        await middleware.open()
+
+    async def close_store(app: web.Application) -> None:
         await middleware.close()
 
-    app.on_cleanup.append(close)
+    app.on_startup.append(open_store)
+    app.on_cleanup.append(close_store)
     return middleware
 
 
