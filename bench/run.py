@@ -817,6 +817,25 @@ def markdown(report: dict[str, Any]) -> str:
         import replicas
 
         lines += replicas.markdown(report["replicas_us"], 32)
+    if report.get("grpc_us"):
+        lines += [
+            "## gRPC: a unary call through the interceptor over the bare call (bench/rpc.py)",
+            "",
+            "A real server on loopback, one caller, CPU us per call of the process holding "
+            "client and server (best of 3 rounds, bare, new key and replay interleaved). "
+            "New key: the first call with its key; replay: a repeat (the stored response, "
+            "nothing runs).",
+            "",
+            "| store | server | bare us | new key us | replay us | overhead us |",
+            "|---|---|---:|---:|---:|---:|",
+        ]
+        for name, found in report["grpc_us"].items():
+            store, _, face = name.partition(" ")
+            lines.append(
+                f"| {store} | {face} | {found['bare']:.1f} | {found['new key']:.1f} "
+                f"| {found['replay']:.1f} | {found['overhead']:.1f} |"
+            )
+        lines.append("")
     if report.get("tasks_ms"):
         lines += [
             "## Celery: a keyed task over the bare task (bench/tasks.py)",
@@ -988,6 +1007,20 @@ def replica_figures() -> dict[str, dict[str, float]] | None:
     figures = _json_figures("replicas.py", [], "replica")
     for replicas, found in (figures or {}).items():
         log(f"redis replicas={replicas}: {found}")
+    return figures
+
+
+def rpc_figures() -> dict[str, dict[str, float]] | None:
+    """Microseconds per unary gRPC call through the interceptors over the bare call, on the
+    local stores, sync and aio (bench/rpc.py), in a process of its own."""
+    command = [sys.executable, str(BENCH / "rpc.py"), "--json", "/dev/stdout"]
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:
+        log(f"gRPC figures failed: {result.stderr.strip()[-300:]}")
+        return None
+    figures: dict[str, dict[str, float]] = json.loads(result.stdout[result.stdout.index("{") :])
+    for name, found in figures.items():
+        log(f"gRPC {name}: {found['overhead']:.1f} us over the bare call ({found})")
     return figures
 
 
@@ -1399,6 +1432,7 @@ def main(argv: list[str] | None = None) -> int:
     calls = call_figures(env_urls)
     replicas = replica_figures()
     tasks = task_figures(env_urls)
+    rpc = rpc_figures()
 
     rows = summarize(runs, specs)
     versions = {p: v for p in SHARED_STACK if (v := version_of(p))}
@@ -1435,6 +1469,7 @@ def main(argv: list[str] | None = None) -> int:
         "calls_us": calls,
         "replicas_us": replicas,
         "tasks_ms": tasks,
+        "grpc_us": rpc,
         "runs": runs,
         "sidecar": sidecar_report,
     }

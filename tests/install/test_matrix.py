@@ -63,6 +63,8 @@ MATRIX: dict[str, tuple[Path, str]] = {
     "amqp": (OWN, "amqp"),
     "celery": (OWN, "celery"),
     "dramatiq": (OWN, "dramatiq"),
+    "aiohttp": (ROOT / "docs" / "getting-started" / "aiohttp.md", "aiohttp"),
+    "grpc": (ROOT / "docs" / "guides" / "grpc.md", "grpc"),
 }
 #: Extras whose project needs a service the test run provides (skip or fail as conftest says).
 NEEDS = {
