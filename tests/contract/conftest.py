@@ -1,8 +1,8 @@
 """Fixtures of the wire-contract suite: every shell (ids ``asgi``, ``wsgi``, ``flask``,
 ``django``, ``django-async``) over every store (ids ``memory``, ``sqlite``, ``postgres``,
-``redis``; async stores behind ASGI and Django's ASGI path, sync ones behind WSGI, Flask and
-Django's WSGI path), each store isolated per test (a fresh file, table or key prefix, as
-tests/stores does)."""
+``mysql``, ``redis``; async stores behind ASGI and Django's ASGI path, sync ones behind WSGI,
+Flask and Django's WSGI path), each store isolated per test (a fresh file, table or key prefix,
+as tests/stores does)."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ import pytest
 from retrysafe.stores import AsyncMemoryStore, AsyncSQLiteStore, MemoryStore, SQLiteStore, Store
 
 from ..conftest import service_missing
+from ..stores import backend_mysql
 from ..stores.backend_postgres import admin_connect, fresh_table_url
 from ..stores.backend_redis import delete_prefixed, unique_prefix, with_prefix
 from .harness import ASYNC_SHELLS, Service, World
@@ -68,6 +69,7 @@ STORES = [
     pytest.param("memory", id="memory"),
     pytest.param("sqlite", id="sqlite"),
     pytest.param("postgres", id="postgres"),
+    pytest.param("mysql", id="mysql"),
     pytest.param("redis", id="redis"),
 ]
 
@@ -86,7 +88,7 @@ class Backend:
     """One isolated store of one kind, for one shell.
 
     Attributes:
-        kind: ``memory``, ``sqlite``, ``postgres`` or ``redis``.
+        kind: ``memory``, ``sqlite``, ``postgres``, ``mysql`` or ``redis``.
         shell: the shell it serves: async stores for ``ASYNC_SHELLS``, sync ones otherwise.
     """
 
@@ -106,6 +108,9 @@ class Backend:
             self.path = tmp / "contract.db"
         elif kind == "postgres":
             self.url = fresh_table_url(request, max_size="4")
+            self.table = dict(parse_qsl(urlsplit(self.url).query))["table"]
+        elif kind == "mysql":
+            self.url = backend_mysql.fresh_table_url(request, max_size="4")
             self.table = dict(parse_qsl(urlsplit(self.url).query))["table"]
         else:
             base: str = request.getfixturevalue("redis_url")
@@ -132,6 +137,10 @@ class Backend:
             from retrysafe.stores.postgres import AsyncPostgresStore, PostgresStore
 
             return AsyncPostgresStore(self.url) if self.is_async else PostgresStore(self.url)
+        if self.kind == "mysql":
+            from retrysafe.stores.mysql import AsyncMySQLStore, MySQLStore
+
+            return AsyncMySQLStore(self.url) if self.is_async else MySQLStore(self.url)
         from retrysafe.stores.redis import AsyncRedisStore, RedisStore
 
         return AsyncRedisStore(self.url) if self.is_async else RedisStore(self.url)
@@ -147,6 +156,10 @@ class Backend:
             from retrysafe.stores.postgres import PostgresStore
 
             return PostgresStore(self.url)
+        if self.kind == "mysql":
+            from retrysafe.stores.mysql import MySQLStore
+
+            return MySQLStore(self.url)
         from retrysafe.stores.redis import RedisStore
 
         return RedisStore(self.url)
@@ -165,6 +178,10 @@ class Backend:
             from retrysafe.stores.postgres import PostgresStore
 
             store = PostgresStore(self.url)
+        elif self.kind == "mysql":
+            from retrysafe.stores.mysql import MySQLStore
+
+            store = MySQLStore(self.url)
         else:
             from retrysafe.stores.redis import RedisStore
 
@@ -175,7 +192,7 @@ class Backend:
     def lapse_leases(self) -> None:
         """Make every in-progress lease of this backend end now, as if its owner had stopped
         renewing for longer than the lease (memory, SQLite: their clock moves an hour on;
-        PostgreSQL: the lease ends on the server's clock; Redis: the record's lease TTL runs
+        PostgreSQL, MySQL: the lease ends on the server's clock; Redis: the record's lease TTL runs
         out)."""
         if self.kind in ("memory", "sqlite"):
             self.clock.shift += 3600.0
@@ -185,6 +202,9 @@ class Backend:
                     f"UPDATE {self.table} SET lease_expires_at = clock_timestamp() "
                     "- interval '1 second' WHERE state = 0"
                 )
+        elif self.kind == "mysql":
+            with backend_mysql.admin_connect(self.url) as conn, conn.cursor() as cur:
+                cur.execute(f"UPDATE `{self.table}` SET lease_expires_at = 0 WHERE state = 0")
         else:
             import redis
 
