@@ -31,6 +31,29 @@ from retrysafe import functions, idempotent_function
 NAME = "tests.calls.charge"
 
 
+def insert_sync(conn: Any, url: str, table: str, key: str) -> None:
+    """Insert ``key`` into ``table`` on a ``def`` call's transaction connection, in its driver's
+    own placeholder style (sqlite3 ``?``, psycopg's raw cursor ``$1``, PyMySQL ``%s``)."""
+    if url.startswith("sqlite"):
+        conn.execute(f"INSERT INTO {table} (k) VALUES (?)", (key,))
+    elif url.startswith("mysql"):
+        with conn.cursor() as cur:
+            cur.execute(f"INSERT INTO {table} (k) VALUES (%s)", (key,))
+    else:
+        conn.execute(f"INSERT INTO {table} (k) VALUES ($1)", (key,))
+
+
+async def insert_async(conn: Any, url: str, table: str, key: str) -> None:
+    """The same on an ``async def`` call's connection (sqlite3, asyncpg ``$1``, asyncmy ``%s``)."""
+    if url.startswith("sqlite"):
+        conn.execute(f"INSERT INTO {table} (k) VALUES (?)", (key,))
+    elif url.startswith("mysql"):
+        async with conn.cursor() as cur:
+            await cur.execute(f"INSERT INTO {table} (k) VALUES (%s)", (key,))
+    else:
+        await conn.execute(f"INSERT INTO {table} (k) VALUES ($1)", key)
+
+
 def _mark(path: str, text: str) -> None:
     with open(path, "a") as out:
         out.write(text + "\n")
@@ -118,18 +141,11 @@ def hold(url: str, face: str, key: str, ready: str, commit: bool) -> None:
 
 
 def tx(url: str, face: str, key: str, ready: str, table: str) -> None:
-    sqlite = url.startswith("sqlite")
-    # The PostgreSQL store's psycopg connections use PostgreSQL's own $1 placeholders.
-    insert = f"INSERT INTO {table} (k) VALUES ({'?' if sqlite else '$1'})"
     if face == "async":
 
         async def charge(order_id: str) -> str:
             await asyncio.sleep(0.05)
-            conn = await retrysafe.transaction()
-            if sqlite:
-                conn.execute(insert, (order_id,))
-            else:
-                await conn.execute(f"INSERT INTO {table} (k) VALUES ($1)", order_id)
+            await insert_async(await retrysafe.transaction(), url, table, order_id)
             await asyncio.sleep(0.05)
             return order_id
 
@@ -147,7 +163,7 @@ def tx(url: str, face: str, key: str, ready: str, table: str) -> None:
 
         def charge_sync(order_id: str) -> str:
             time.sleep(0.05)
-            functions.transaction().execute(insert, (order_id,))
+            insert_sync(functions.transaction(), url, table, order_id)
             time.sleep(0.05)
             return order_id
 
@@ -162,15 +178,13 @@ def tx(url: str, face: str, key: str, ready: str, table: str) -> None:
 
 
 def pause(url: str, face: str, key: str, ready: str, lease: float, table: str) -> None:
-    sqlite = url.startswith("sqlite")
     options: dict[str, Any] = {"lease": lease, "transactional": bool(table)}
     outcome: Any
     if face == "async":
 
         async def charge(order_id: str) -> str:
             if table:
-                conn = await retrysafe.transaction()
-                await conn.execute(f"INSERT INTO {table} (k) VALUES ($1)", order_id)
+                await insert_async(await retrysafe.transaction(), url, table, order_id)
             _mark(ready, "running")
             await asyncio.sleep(3.0)
             return "first"
@@ -184,8 +198,7 @@ def pause(url: str, face: str, key: str, ready: str, lease: float, table: str) -
 
         def charge_sync(order_id: str) -> str:
             if table:
-                mark = "?" if sqlite else "$1"
-                functions.transaction().execute(f"INSERT INTO {table} (k) VALUES ({mark})", (key,))
+                insert_sync(functions.transaction(), url, table, key)
             _mark(ready, "running")
             time.sleep(3.0)
             return "first"
