@@ -120,6 +120,24 @@ def _retry_function(face: Face, store: StoreURL, table: str) -> Any:
 async def test_a_killed_caller_leaves_its_writes_and_result_both_or_neither(
     sql_store: StoreURL, effects: Effects, face: Face, tmp_path: Path, killed: list[Any]
 ) -> None:
+    await _kill_callers(sql_store, effects, face, tmp_path, killed)
+
+
+@pytest.mark.parametrize("sql_store", [pytest.param("mysql", id="mysql")], indirect=True)
+async def test_a_killed_caller_s_sqlalchemy_session_writes_commit_with_the_result_or_vanish(
+    sql_store: StoreURL, effects: Effects, face: Face, tmp_path: Path, killed: list[Any]
+) -> None:
+    await _kill_callers(sql_store, effects, face, tmp_path, killed, "orm")
+
+
+async def _kill_callers(
+    sql_store: StoreURL,
+    effects: Effects,
+    face: Face,
+    tmp_path: Path,
+    killed: list[Any],
+    *mode: str,
+) -> None:
     probe = store_from_url(sql_store.url)
     retry = _retry_function(face, sql_store, effects.table)
     seen: set[tuple[int, bool]] = set()
@@ -127,7 +145,7 @@ async def test_a_killed_caller_leaves_its_writes_and_result_both_or_neither(
         for delay in KILL_AFTER:
             key = f"order-{uuid.uuid4().hex}"
             ready = tmp_path / f"ready-{key}"
-            proc = worker("tx", sql_store.url, face.kind, key, str(ready), effects.table)
+            proc = worker("tx", sql_store.url, face.kind, key, str(ready), effects.table, *mode)
             killed.append(proc)
             wait_for(ready, proc)
             if delay is None:

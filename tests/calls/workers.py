@@ -9,9 +9,10 @@
 - ``pause URL FACE KEY READY LEASE [TABLE]``: one call with a LEASE-second lease that (with TABLE,
   transactionally) inserts KEY into TABLE, writes READY, sleeps 3 s and returns ``"first"``: the
   test SIGSTOPs it past its lease. Prints the call's outcome as one JSON line.
-- ``tx URL FACE KEY READY TABLE``: one transactional call that inserts KEY into TABLE on the
-  call's transaction, pausing before and after the insert, returns, and then the process waits
-  to be SIGKILLed (at a random point of all that).
+- ``tx URL FACE KEY READY TABLE [orm]``: one transactional call that inserts KEY into TABLE on
+  the call's transaction (with ``orm``, through a SQLAlchemy session on it), pausing before and
+  after the insert, returns, and then the process waits to be SIGKILLed (at a random point of
+  all that).
 """
 
 from __future__ import annotations
@@ -140,12 +141,35 @@ def hold(url: str, face: str, key: str, ready: str, commit: bool) -> None:
         idempotent_function(charge_sync, store=url, key="order_id", name=NAME)(key)
 
 
-def tx(url: str, face: str, key: str, ready: str, table: str) -> None:
+async def _orm_insert_async(url: str, table: str, key: str) -> None:
+    from sqlalchemy import text
+
+    from retrysafe.contrib.sqlalchemy import async_session, session
+
+    insert = text(f"INSERT INTO {table} (k) VALUES (:k)")
+    if url.startswith("sqlite"):
+        (await session()).execute(insert, {"k": key})
+    else:
+        await (await async_session()).execute(insert, {"k": key})
+
+
+def _orm_insert_sync(table: str, key: str) -> None:
+    from sqlalchemy import text
+
+    from retrysafe.contrib.sqlalchemy import call_session
+
+    call_session().execute(text(f"INSERT INTO {table} (k) VALUES (:k)"), {"k": key})
+
+
+def tx(url: str, face: str, key: str, ready: str, table: str, orm: bool = False) -> None:
     if face == "async":
 
         async def charge(order_id: str) -> str:
             await asyncio.sleep(0.05)
-            await insert_async(await retrysafe.transaction(), url, table, order_id)
+            if orm:
+                await _orm_insert_async(url, table, order_id)
+            else:
+                await insert_async(await retrysafe.transaction(), url, table, order_id)
             await asyncio.sleep(0.05)
             return order_id
 
@@ -163,7 +187,10 @@ def tx(url: str, face: str, key: str, ready: str, table: str) -> None:
 
         def charge_sync(order_id: str) -> str:
             time.sleep(0.05)
-            insert_sync(functions.transaction(), url, table, order_id)
+            if orm:
+                _orm_insert_sync(table, order_id)
+            else:
+                insert_sync(functions.transaction(), url, table, order_id)
             time.sleep(0.05)
             return order_id
 
@@ -221,7 +248,7 @@ def main(argv: list[str]) -> None:
     elif mode == "pause":
         pause(url, face, key, rest[0], float(rest[1]), rest[2] if len(rest) > 2 else "")
     elif mode == "tx":
-        tx(url, face, key, rest[0], rest[1])
+        tx(url, face, key, rest[0], rest[1], orm=rest[2:] == ["orm"])
     else:  # pragma: no cover
         raise SystemExit(f"unknown mode {mode}")
 
