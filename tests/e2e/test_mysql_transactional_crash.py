@@ -68,22 +68,10 @@ def servers() -> Iterator[list[Server]]:
             server.kill()
 
 
-@pytest.fixture
-def django_database(request: pytest.FixtureRequest) -> Iterator[str]:
-    """A database of its own (the Django ORM store's table has a fixed name), dropped after."""
-    url: str = request.getfixturevalue("mysql_url")
-    name = f"{backend_mysql.PREFIX}dj_{uuid.uuid4().hex[:8]}"
-    with backend_mysql.admin_connect(url) as conn, conn.cursor() as cur:
-        cur.execute(f"CREATE DATABASE `{name}`")
-    yield name
-    with backend_mysql.admin_connect(url) as conn, conn.cursor() as cur:
-        cur.execute(f"DROP DATABASE IF EXISTS `{name}`")
-
-
 def _django_case(request: pytest.FixtureRequest) -> tuple[tuple[str, ...], Any, Any]:
     """The Django server's arguments, and counts of orders and of completed records."""
-    url: str = request.getfixturevalue("mysql_url")
-    database: str = request.getfixturevalue("django_database")
+    url = backend_mysql.fresh_database_url(request)
+    database = urlsplit(url).path.strip("/")
 
     def count(sql: str, *args: str) -> int:
         with backend_mysql.admin_connect(url) as conn, conn.cursor() as cur:

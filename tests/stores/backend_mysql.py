@@ -67,6 +67,23 @@ def fresh_table_url(request: pytest.FixtureRequest, **options: str) -> str:
     return with_options(url, table=f"{PREFIX}{next(_tables)}", **options)
 
 
+def fresh_database_url(request: pytest.FixtureRequest) -> str:
+    """The URL of a new database of this run (for what has fixed table names: OrderHub, the
+    Django ORM store), dropped when the test ends."""
+    url: str = request.getfixturevalue("mysql_url")
+    name = f"{PREFIX}db_{next(_tables)}"
+    with admin_connect(url) as conn, conn.cursor() as cur:
+        cur.execute(f"CREATE DATABASE `{name}`")
+
+    def drop() -> None:
+        with admin_connect(url) as conn, conn.cursor() as cur:
+            cur.execute(f"DROP DATABASE IF EXISTS `{name}`")
+
+    request.addfinalizer(drop)
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(path=f"/{name}"))
+
+
 async def mysql_backend(request: pytest.FixtureRequest) -> AsyncIterator[Backend]:
     """A fresh table per test; the URL lets other processes open the same table."""
     url = fresh_table_url(request, max_size="10")
