@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import AsyncIterator
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import urlsplit, urlunsplit
 
 import pymysql
 import pytest
@@ -16,19 +16,12 @@ import pytest
 from retrysafe.stores.mysql import AsyncMySQLStore, MySQLStore
 
 from ..conftest import RUN_ID
+from .backend_postgres import with_options
 from .conftest import Backend, real_sleep
 
 PREFIX = f"rs_test_{RUN_ID}_"
 _tables = itertools.count(1)
 _cleanup_registered: set[str] = set()
-
-
-def with_options(url: str, **options: str) -> str:
-    """``url`` with query options added (or replaced)."""
-    parts = urlsplit(url)
-    query = dict(parse_qsl(parts.query))
-    query.update(options)
-    return urlunsplit(parts._replace(query=urlencode(query)))
 
 
 def admin_connect(url: str) -> pymysql.connections.Connection:  # type: ignore[type-arg]

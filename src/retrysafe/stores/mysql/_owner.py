@@ -22,7 +22,7 @@ import pymysql
 from ..._core.records import instance_id
 from ._sql import MySQLOptions, Statements, owner_lock_query
 
-__all__ = ["held", "hold"]
+__all__ = ["held", "hold", "session_ended"]
 
 logger = logging.getLogger("retrysafe.stores.mysql")
 
@@ -39,19 +39,23 @@ def _server(options: MySQLOptions) -> tuple[Any, ...]:
     return (options.host, options.port, options.unix_socket)
 
 
-def held(options: MySQLOptions) -> bool:
-    """Whether this process's owner lock is held on a session the server has not ended."""
-    entry = _sessions.get(_server(options))
-    if entry is None or entry[0] != instance_id():
-        return False
-    sock = getattr(entry[1], "_sock", None)
+def session_ended(conn: Any) -> bool:
+    """Whether an idle PyMySQL connection is dead: closed, or readable (an idle connection has
+    nothing to read unless the server ended its session: an error packet, then EOF)."""
+    sock = getattr(conn, "_sock", None)
     if sock is None:
-        return False
+        return True
     try:
         readable, _, _ = select.select([sock], [], [], 0)
     except (OSError, ValueError):
-        return False
-    return not readable
+        return True
+    return bool(readable)
+
+
+def held(options: MySQLOptions) -> bool:
+    """Whether this process's owner lock is held on a session the server has not ended."""
+    entry = _sessions.get(_server(options))
+    return entry is not None and entry[0] == instance_id() and not session_ended(entry[1])
 
 
 def hold(options: MySQLOptions, statements: Statements) -> bool:

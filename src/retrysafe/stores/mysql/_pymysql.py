@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import os
-import select
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -55,19 +54,6 @@ def _error(exc: BaseException, *, established: bool, what: str) -> StoreError:
     return StoreError(message, store=STORE_NAME)
 
 
-def _broken(conn: Any) -> bool:
-    """Whether an idle connection is dead: closed, or readable (an idle connection has nothing
-    to read unless the server ended its session: an error packet, then EOF)."""
-    sock = getattr(conn, "_sock", None)
-    if sock is None:
-        return True
-    try:
-        readable, _, _ = select.select([sock], [], [], 0)
-    except (OSError, ValueError):
-        return True
-    return bool(readable)
-
-
 def _run(conn: Any, query: Query) -> Rows:
     """One statement: its rows, or one row holding its affected-row count."""
     with conn.cursor() as cur:
@@ -104,7 +90,7 @@ class _Pool:
                     conn = self.idle.pop()  # atomic under the GIL
                 except IndexError:
                     break
-                if not _broken(conn):
+                if not _owner.session_ended(conn):
                     return conn
                 _close(conn)
             try:
@@ -306,4 +292,4 @@ class PyMySQLDriver:
 
     def broken(self, tx: _Tx) -> bool:
         """Whether the transaction's connection died (a killed session, a lost socket)."""
-        return _broken(tx.conn)
+        return _owner.session_ended(tx.conn)
