@@ -79,7 +79,7 @@ SCENARIO_TITLES = {
     "replay": "replay of one stored key",
     "nokey": "no key (pass-through)",
 }
-STORES = ("memory", "sqlite", "redis", "postgres")
+STORES = ("memory", "sqlite", "redis", "postgres", "mysql")
 
 # Peers from PyPI, pinned (the versions measured); each one runs on Redis.
 PEERS: dict[str, str] = {
@@ -482,6 +482,34 @@ def postgres_reachable(url: str) -> str | None:
             conn.execute("SELECT 1")
     except Exception as exc:
         return f"PostgreSQL at {url} unreachable ({exc.__class__.__name__})"
+    return None
+
+
+def mysql_connect(url: str) -> Any:
+    from urllib.parse import unquote, urlsplit
+
+    import pymysql
+
+    parts = urlsplit(url)
+    return pymysql.connect(
+        host=parts.hostname or "127.0.0.1",
+        port=parts.port or 3306,
+        user=unquote(parts.username or "root"),
+        password=unquote(parts.password or ""),
+        database=parts.path.strip("/"),
+        autocommit=True,
+        connect_timeout=3,
+    )
+
+
+def mysql_reachable(url: str) -> str | None:
+    if not module_available("pymysql"):
+        return "pymysql is not installed"
+    try:
+        with mysql_connect(url) as conn, conn.cursor() as cur:
+            cur.execute("SELECT 1")
+    except Exception as exc:
+        return f"MySQL at {url} unreachable ({exc.__class__.__name__})"
     return None
 
 
@@ -1111,6 +1139,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--postgres-url",
         default=os.environ.get("BENCH_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"),
     )
+    parser.add_argument(
+        "--mysql-url", default=os.environ.get("BENCH_MYSQL_URL", "mysql://root@127.0.0.1:3306/test")
+    )
     return parser.parse_args(argv)
 
 
@@ -1164,7 +1195,9 @@ def main(argv: list[str] | None = None) -> int:
     # Stores: module present? service reachable?
     available: list[str] = []
     for store in stores:
-        if store in ("redis", "postgres") and not module_available(f"retrysafe.stores.{store}"):
+        if store in ("redis", "postgres", "mysql") and not module_available(
+            f"retrysafe.stores.{store}"
+        ):
             skipped[f"retrysafe/{store}"] = f"module retrysafe.stores.{store} is not there yet"
             continue
         if store == "redis":
@@ -1179,6 +1212,11 @@ def main(argv: list[str] | None = None) -> int:
                 skipped["retrysafe/postgres"] = problem
                 continue
             env_urls["BENCH_POSTGRES_URL"] = args.postgres_url
+        if store == "mysql":
+            problem = mysql_reachable(args.mysql_url)
+            if problem:
+                skipped["retrysafe/mysql"] = problem
+                continue
         available.append(store)
 
     micro: list[dict[str, Any]] = []
@@ -1220,8 +1258,11 @@ def main(argv: list[str] | None = None) -> int:
                 conn.execute(f'CREATE SCHEMA "{pg_schema}"')
             pg_created = True
             url = postgres_store_url(args.postgres_url, pg_schema, pg_schema)
+        if store == "mysql":
+            sep = "&" if "?" in args.mysql_url else "?"
+            url = f"{args.mysql_url}{sep}table={nonce}_records"
         specs.append(AppSpec(f"retrysafe/{store}", "retrysafe", store, main_python, url))
-        if not args.no_lean:
+        if not args.no_lean and store != "mysql":  # the lean prototype has no MySQL backend
             lean_url = {"sqlite": f"sqlite:///{tmpdir}/lean.db"}.get(store, url)
             if store == "redis":
                 redis_prefixes.append(f"{nonce}:lean:")
@@ -1261,6 +1302,8 @@ def main(argv: list[str] | None = None) -> int:
             url = asgi_spec.store
             if asgi_spec.store_kind == "sqlite":
                 url = f"sqlite:///{tmpdir}/bench-wsgi.db"
+            elif asgi_spec.store_kind == "mysql":
+                url = url.replace(f"table={nonce}_records", f"table={nonce}_wsgi")
             elif asgi_spec.store_kind == "redis":
                 redis_prefixes.append(f"{nonce}:wsgi:")
                 url = url.replace(f"prefix={nonce}:retrysafe:", f"prefix={nonce}:wsgi:")
@@ -1333,6 +1376,7 @@ def main(argv: list[str] | None = None) -> int:
         pg_pids = (
             postgres_pids(args.postgres_url, pg_schema) if pg_created else pids_named("postgres")
         )
+        mysql_pids = pids_named("mariadbd") + pids_named("mysqld")
         for round_no in range(args.repeat):
             for scenario in scenarios:
                 for bare, group in groups:
@@ -1348,9 +1392,11 @@ def main(argv: list[str] | None = None) -> int:
                             sequence.append(bare)
                     round_runs: list[dict[str, Any]] = []
                     for spec in sequence:
-                        store_pids = {"redis": redis_pids, "postgres": pg_pids}.get(
-                            spec.store_kind, []
-                        )
+                        store_pids = {
+                            "redis": redis_pids,
+                            "postgres": pg_pids,
+                            "mysql": mysql_pids,
+                        }.get(spec.store_kind, [])
                         assert spec.proc is not None
                         load_before = os.getloadavg()[0]
                         before = server_cpu(spec.proc.pid) or 0.0
@@ -1416,6 +1462,11 @@ def main(argv: list[str] | None = None) -> int:
             with contextlib.suppress(Exception):
                 n = redis_cleanup(args.redis_url, redis_prefixes)
                 log(f"removed {n} Redis keys under {nonce}:*")
+        if "mysql" in available:
+            with contextlib.suppress(Exception), mysql_connect(args.mysql_url) as conn:
+                for table in (f"{nonce}_records", f"{nonce}_wsgi"):
+                    conn.cursor().execute(f"DROP TABLE IF EXISTS `{table}`")
+                log(f"dropped MySQL tables {nonce}_*")
         if pg_created:
             with contextlib.suppress(Exception), postgres_connect(args.postgres_url) as conn:
                 conn.execute(f'DROP SCHEMA "{pg_schema}" CASCADE')

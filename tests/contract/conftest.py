@@ -1,9 +1,9 @@
 """Fixtures of the wire-contract suite: every shell (ids ``asgi``, ``wsgi``, ``flask``,
 ``django``, ``django-async``) over every store (ids ``memory``, ``sqlite``, ``postgres``,
-``redis``; async stores behind ASGI and Django's ASGI path, sync ones behind WSGI, Flask and
-Django's WSGI path), each store isolated per test (a fresh file, table or key prefix, as
-tests/stores does). Shell ``aiohttp`` (aiohttp's test server, ``aiohttp_front.py``) takes async
-stores."""
+``mysql``, ``redis``; async stores behind ASGI and Django's ASGI path, sync ones behind WSGI,
+Flask and Django's WSGI path), each store isolated per test (a fresh file, table or key prefix,
+as tests/stores does). Shell ``aiohttp`` (aiohttp's test server, ``aiohttp_front.py``) takes
+async stores."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ import pytest
 from retrysafe.stores import AsyncMemoryStore, AsyncSQLiteStore, MemoryStore, SQLiteStore, Store
 
 from ..conftest import service_missing
+from ..stores import backend_mysql
 from ..stores.backend_postgres import admin_connect, fresh_table_url
 from ..stores.backend_redis import delete_prefixed, unique_prefix, with_prefix
 from .harness import ASYNC_SHELLS, Service, World
@@ -78,6 +79,7 @@ STORES = [
     pytest.param("memory", id="memory"),
     pytest.param("sqlite", id="sqlite"),
     pytest.param("postgres", id="postgres"),
+    pytest.param("mysql", id="mysql"),
     pytest.param("redis", id="redis"),
 ]
 
@@ -96,7 +98,7 @@ class Backend:
     """One isolated store of one kind, for one shell.
 
     Attributes:
-        kind: ``memory``, ``sqlite``, ``postgres`` or ``redis``.
+        kind: ``memory``, ``sqlite``, ``postgres``, ``mysql`` or ``redis``.
         shell: the shell it serves: async stores for ``ASYNC_SHELLS``, sync ones otherwise.
     """
 
@@ -116,6 +118,9 @@ class Backend:
             self.path = tmp / "contract.db"
         elif kind == "postgres":
             self.url = fresh_table_url(request, max_size="4")
+            self.table = dict(parse_qsl(urlsplit(self.url).query))["table"]
+        elif kind == "mysql":
+            self.url = backend_mysql.fresh_table_url(request, max_size="4")
             self.table = dict(parse_qsl(urlsplit(self.url).query))["table"]
         else:
             base: str = request.getfixturevalue("redis_url")
@@ -142,6 +147,10 @@ class Backend:
             from retrysafe.stores.postgres import AsyncPostgresStore, PostgresStore
 
             return AsyncPostgresStore(self.url) if self.is_async else PostgresStore(self.url)
+        if self.kind == "mysql":
+            from retrysafe.stores.mysql import AsyncMySQLStore, MySQLStore
+
+            return AsyncMySQLStore(self.url) if self.is_async else MySQLStore(self.url)
         from retrysafe.stores.redis import AsyncRedisStore, RedisStore
 
         return AsyncRedisStore(self.url) if self.is_async else RedisStore(self.url)
@@ -157,6 +166,10 @@ class Backend:
             from retrysafe.stores.postgres import PostgresStore
 
             return PostgresStore(self.url)
+        if self.kind == "mysql":
+            from retrysafe.stores.mysql import MySQLStore
+
+            return MySQLStore(self.url)
         from retrysafe.stores.redis import RedisStore
 
         return RedisStore(self.url)
@@ -175,6 +188,10 @@ class Backend:
             from retrysafe.stores.postgres import PostgresStore
 
             store = PostgresStore(self.url)
+        elif self.kind == "mysql":
+            from retrysafe.stores.mysql import MySQLStore
+
+            store = MySQLStore(self.url)
         else:
             from retrysafe.stores.redis import RedisStore
 
@@ -185,7 +202,7 @@ class Backend:
     def lapse_leases(self) -> None:
         """Make every in-progress lease of this backend end now, as if its owner had stopped
         renewing for longer than the lease (memory, SQLite: their clock moves an hour on;
-        PostgreSQL: the lease ends on the server's clock; Redis: the record's lease TTL runs
+        PostgreSQL, MySQL: the lease ends on the server's clock; Redis: the record's lease TTL runs
         out)."""
         if self.kind in ("memory", "sqlite"):
             self.clock.shift += 3600.0
@@ -195,6 +212,9 @@ class Backend:
                     f"UPDATE {self.table} SET lease_expires_at = clock_timestamp() "
                     "- interval '1 second' WHERE state = 0"
                 )
+        elif self.kind == "mysql":
+            with backend_mysql.admin_connect(self.url) as conn, conn.cursor() as cur:
+                cur.execute(f"UPDATE `{self.table}` SET lease_expires_at = 0 WHERE state = 0")
         else:
             import redis
 

@@ -49,6 +49,7 @@ MATRIX: dict[str, tuple[Path, str]] = {
     "none": (OWN, "none"),
     "redis": (OWN, "redis"),
     "postgres": (OWN, "postgres"),
+    "mysql": (OWN, "mysql"),
     "fastapi": (README, "fastapi"),
     "starlette": (README, "asgi"),
     "flask": (README, "flask"),
@@ -70,6 +71,7 @@ MATRIX: dict[str, tuple[Path, str]] = {
 NEEDS = {
     "redis": "redis_url",
     "postgres": "postgres_url",
+    "mysql": "mysql_url",
     "amqp": "rabbitmq_url",
     "celery": "redis_url",
     "dramatiq": "redis_url",
