@@ -1,0 +1,116 @@
+"""The crash run (:mod:`tests.tasks.crash`) on RQ, arq and Huey workers: each queue's worker
+command, its producer, and a kill that takes the worker's children too (RQ's work-horse leaves
+its worker's process group right after the fork, so a group kill would leave it running).
+
+``crash_run(plan, tmp)`` is :func:`tests.tasks.crash.crash_run` with these workers and
+producers (``queue_workers()`` around the Celery tests' ``check``); ``plan.queue`` names the
+queue (``rq``, ``arq``, ``huey``)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+from . import crash
+from .crash import Outcome, Plan, Setup
+
+BIN = Path(sys.executable).parent
+
+
+def _children(pid: int) -> list[int]:
+    """Every descendant of ``pid`` (read before a kill: a killed parent's children move)."""
+    out: list[int] = []
+    with contextlib.suppress(OSError):
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                for child in map(int, f.read().split()):
+                    out += [child, *_children(child)]
+    return out
+
+
+class QueueWorker(crash.Worker):
+    """One worker of ``setup.plan.queue``; a kill is a SIGKILL to it and all its descendants."""
+
+    def __init__(self, setup: Setup, index: int) -> None:
+        plan, q = setup.plan, setup.queue
+        if plan.queue == "rq":
+            command = [
+                *(str(BIN / "rq"), "worker", "-w", "retrysafe.contrib.rq.Worker"),
+                *("--url", setup.broker, "--maintenance-interval", "1"),
+                *("--job-monitoring-interval", "1", "-q", "-n", f"{q}-{index}", q),
+            ]
+        else:  # pragma: no cover - the other queues join here
+            raise ValueError(plan.queue)
+        self.command = command
+        self.setup = setup
+        self.log = open(Path(setup.events).with_name(f"worker{index}.log"), "a")  # noqa: SIM115
+        self.start()
+
+    def kill(self) -> None:
+        family = _children(self.proc.pid)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        for pid in family:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        self.proc.wait()
+
+    def stop(self) -> None:
+        self.kill()
+        self.log.close()
+
+
+def _producer(setup: Setup) -> tuple[Callable[[str], None], Callable[[], None]]:
+    plan = setup.plan
+    if plan.queue == "rq":
+        from redis import Redis
+        from rq import Queue, Retry
+
+        connection = Redis.from_url(setup.broker)
+        queue = Queue(setup.queue, connection=connection)
+
+        def send(key: str) -> None:
+            # job ids under the run's prefix: the run's clean-up finds them
+            queue.enqueue(
+                "tests.tasks.rq_app.charge",
+                key,
+                100,
+                retry=Retry(max=3),
+                job_id=f"{setup.queue}-{uuid.uuid4().hex[:12]}",
+                result_ttl=60,
+                failure_ttl=60,
+            )
+
+        return send, connection.close
+    raise ValueError(plan.queue)  # pragma: no cover
+
+
+@contextlib.contextmanager
+def queue_workers() -> Iterator[None]:
+    """Within it, :func:`tests.tasks.crash.crash_run` (and the checks that call it) starts these
+    queues' workers and producers."""
+    with (
+        mock.patch.object(crash, "Worker", QueueWorker),
+        mock.patch.object(crash, "_producer", _producer),
+    ):
+        yield
+
+
+def crash_run(plan: Plan, tmp: Path) -> Outcome:
+    """:func:`tests.tasks.crash.crash_run` on ``plan.queue``'s workers and producer."""
+    with queue_workers():
+        return crash.crash_run(plan, tmp)
+
+
+def rq_result(connection: Any, job_id: str) -> Any:
+    """An RQ job's return value (``None`` until it has one)."""
+    from rq.job import Job
+
+    return Job.fetch(job_id, connection=connection).return_value()
