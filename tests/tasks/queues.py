@@ -8,10 +8,12 @@ queue (``rq``, ``arq``, ``huey``)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
 import sys
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -44,14 +46,29 @@ class QueueWorker(crash.Worker):
             command = [
                 *(str(BIN / "rq"), "worker", "-w", "retrysafe.contrib.rq.Worker"),
                 *("--url", setup.broker, "--maintenance-interval", "1"),
-                *("--job-monitoring-interval", "1", "-q", "-n", f"{q}-{index}", q),
+                *("--job-monitoring-interval", "1", q),
             ]
+            self.ready = "Listening on"
+        elif plan.queue == "arq":
+            command = [str(BIN / "arq"), "tests.tasks.arq_app.WorkerSettings"]
+            self.ready = "Starting worker"
+            setup.env["TASKS_CONCURRENCY"] = str(plan.concurrency)
         else:  # pragma: no cover - the other queues join here
             raise ValueError(plan.queue)
         self.command = command
         self.setup = setup
         self.log = open(Path(setup.events).with_name(f"worker{index}.log"), "a")  # noqa: SIM115
         self.start()
+
+    def start(self) -> None:
+        """Start the worker and wait until it takes jobs (its log says so): the run's kill is
+        timed from the sends, so it must not land on a worker still starting."""
+        path = Path(self.log.name)
+        seen = path.read_text().count(self.ready)
+        super().start()
+        deadline = time.monotonic() + 30
+        while path.read_text().count(self.ready) == seen and time.monotonic() < deadline:
+            time.sleep(0.05)
 
     def kill(self) -> None:
         family = _children(self.proc.pid)
@@ -89,7 +106,28 @@ def _producer(setup: Setup) -> tuple[Callable[[str], None], Callable[[], None]]:
             )
 
         return send, connection.close
+    if plan.queue == "arq":
+        return _arq_producer(setup)
     raise ValueError(plan.queue)  # pragma: no cover
+
+
+def _arq_producer(setup: Setup) -> tuple[Callable[[str], None], Callable[[], None]]:
+    from arq import create_pool
+    from arq.connections import RedisSettings
+
+    loop = asyncio.new_event_loop()
+    pool = loop.run_until_complete(create_pool(RedisSettings.from_dsn(setup.broker)))
+
+    def send(key: str) -> None:
+        job_id = f"{setup.queue}-{uuid.uuid4().hex[:12]}"  # under the run's prefix: cleaned up
+        enqueue = pool.enqueue_job("charge", key, 100, _job_id=job_id, _queue_name=setup.queue)
+        loop.run_until_complete(enqueue)
+
+    def close() -> None:
+        loop.run_until_complete(pool.aclose())
+        loop.close()
+
+    return send, close
 
 
 @contextlib.contextmanager
@@ -114,3 +152,22 @@ def rq_result(connection: Any, job_id: str) -> Any:
     from rq.job import Job
 
     return Job.fetch(job_id, connection=connection).return_value()
+
+
+#: The short crash tests' run: 20 jobs of up to 1 s on two workers of two slots, some sent twice,
+#: one SIGKILL 2.5 s after the first send (seed 20), while jobs run.
+def short_plan(queue: str, store: str = "postgres") -> Plan:
+    return Plan(queue, "redis", store, tasks=20, kills=1, workers=2, work=0.5, seed=20)
+
+
+def check_recovered(plan: Plan, tmp: Path, recovery: float) -> Outcome:
+    """Run ``plan`` and check it as the Celery runs are (no duplicate, none lost, every second
+    copy answered), and that the kill landed in a run: a key whose first effect came
+    ``recovery`` seconds or more after its send was the killed worker's, run again."""
+    from .test_chaos import check_outcome
+
+    outcome = crash_run(plan, tmp)
+    print(outcome.line())
+    check_outcome(outcome)
+    assert outcome.kills == 1 and max(outcome.latencies) >= recovery, outcome.line()
+    return outcome

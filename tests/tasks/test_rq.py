@@ -13,8 +13,7 @@ import pytest
 from . import crash
 from .conftest import services
 from .crash import Plan, Setup
-from .queues import QueueWorker, queue_workers, rq_result
-from .test_celery import check
+from .queues import QueueWorker, check_recovered, queue_workers, rq_result, short_plan
 
 pytestmark = pytest.mark.e2e
 
@@ -69,8 +68,7 @@ def test_each_job_runs_once_across_killed_workers(
     """A worker and its work-horse SIGKILLed mid-run: RQ retries the job (``Retry(max=3)``)
     once the dead execution's heartbeat expires, and it runs once."""
     services(request, "redis", "postgres")
-    with queue_workers():
-        check(Plan("rq", "redis", "postgres", tasks=20, kills=1, workers=2, work=0.2), tmp_path)
+    check_recovered(short_plan("rq"), tmp_path, recovery=8)
 
 
 @pytest.mark.timeout(120)

@@ -5,9 +5,9 @@
 These queues have no retry that leaves a job's attempt count alone (RQ's ``Retry`` and Huey's
 ``retries`` are spent by it, arq counts ``job_try``), and their callers wait on the job's own
 result, so a copy that meets a live run (or a failing store) does not go back to the queue: it
-looks again after ``retry_after`` seconds in the worker, until the first run's stored outcome
-answers it or its dead owner's key is taken over, bounded by the job's own timeout. Everything
-else (keys, leases, fencing, takeover, the stored result or final exception) is the task layer's.
+looks again every second in the worker, until the first run's stored outcome answers it or its
+dead owner's key is taken over, bounded by the job's own timeout. Everything else (keys,
+leases, fencing, takeover, the stored result or final exception) is the task layer's.
 """
 
 from __future__ import annotations
@@ -24,7 +24,11 @@ from ..consumer import Delivery
 from ..functions import IdempotentFunction, idempotent_function
 from ._tasks import IN_PROGRESS_RETRY_MAX, STORE_RETRY_AFTER, TaskFunction
 
-__all__ = ["AsyncTaskFunction", "adeliver", "deliver", "keyed_function"]
+__all__ = ["WAIT_POLL", "AsyncTaskFunction", "adeliver", "deliver", "keyed_function"]
+
+#: The longest a copy waiting in the worker sleeps before it looks at the key again (one store
+#: read): a copy of a short job is answered within a second of the first run's end.
+WAIT_POLL = 1.0
 
 
 def keyed_function(
@@ -51,7 +55,7 @@ def deliver(
         delivery = keyed.run(args, kwargs, key=key, fallback=fallback)
         if not delivery.retry:
             return delivery.result
-        time.sleep(delivery.retry_after or 1)
+        time.sleep(min(delivery.retry_after or 1, WAIT_POLL))
 
 
 async def adeliver(
@@ -67,7 +71,7 @@ async def adeliver(
         delivery = await keyed.run(args, kwargs, key=key, fallback=fallback)
         if not delivery.retry:
             return delivery.result
-        await asyncio.sleep(delivery.retry_after or 1)
+        await asyncio.sleep(min(delivery.retry_after or 1, WAIT_POLL))
 
 
 class AsyncTaskFunction:
