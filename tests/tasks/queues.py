@@ -53,6 +53,12 @@ class QueueWorker(crash.Worker):
             command = [str(BIN / "arq"), "tests.tasks.arq_app.WorkerSettings"]
             self.ready = "Starting worker"
             setup.env["TASKS_CONCURRENCY"] = str(plan.concurrency)
+        elif plan.queue == "huey":
+            command = [
+                *(str(BIN / "huey_consumer"), "tests.tasks.huey_app.huey"),
+                *("-w", str(plan.concurrency), "-k", "thread"),
+            ]
+            self.ready = "Huey consumer started"
         else:  # pragma: no cover - the other queues join here
             raise ValueError(plan.queue)
         self.command = command
@@ -108,7 +114,31 @@ def _producer(setup: Setup) -> tuple[Callable[[str], None], Callable[[], None]]:
         return send, connection.close
     if plan.queue == "arq":
         return _arq_producer(setup)
+    if plan.queue == "huey":
+        return _huey_producer(setup)
     raise ValueError(plan.queue)  # pragma: no cover
+
+
+def huey_task(setup: Setup) -> tuple[Any, Any]:
+    """The run's Huey and a task that enqueues the consumer's (Huey names a task by its
+    function's module and its name: the consumer's module, here)."""
+    from huey import RedisHuey
+
+    def charge(order_id: str, amount: int, **_: Any) -> None:
+        raise AssertionError("run by the consumer, never here")
+
+    charge.__module__ = "tests.tasks.huey_app"
+    huey = RedisHuey(setup.queue, url=setup.broker)
+    return huey, huey.task(name="tasks_charge")(charge)
+
+
+def _huey_producer(setup: Setup) -> tuple[Callable[[str], None], Callable[[], None]]:
+    huey, charge = huey_task(setup)
+
+    def send(key: str) -> None:
+        charge(key, 100)
+
+    return send, huey.storage.conn.close
 
 
 def _arq_producer(setup: Setup) -> tuple[Callable[[str], None], Callable[[], None]]:
