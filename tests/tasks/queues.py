@@ -13,6 +13,7 @@ import contextlib
 import os
 import signal
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -59,6 +60,13 @@ class QueueWorker(crash.Worker):
                 *("-w", str(plan.concurrency), "-k", "thread"),
             ]
             self.ready = "Huey consumer started"
+        elif plan.queue == "taskiq":
+            command = [
+                *(str(BIN / "taskiq"), "worker", "tests.tasks.taskiq_app:broker"),
+                *("--workers", "1", "--max-async-tasks", str(plan.concurrency)),
+                *("--ack-type", "when_saved"),
+            ]
+            self.ready = "Listening started"
         else:  # pragma: no cover - the other queues join here
             raise ValueError(plan.queue)
         self.command = command
@@ -116,6 +124,8 @@ def _producer(setup: Setup) -> tuple[Callable[[str], None], Callable[[], None]]:
         return _arq_producer(setup)
     if plan.queue == "huey":
         return _huey_producer(setup)
+    if plan.queue == "taskiq":
+        return _taskiq_producer(setup)
     raise ValueError(plan.queue)  # pragma: no cover
 
 
@@ -139,6 +149,51 @@ def _huey_producer(setup: Setup) -> tuple[Callable[[str], None], Callable[[], No
         charge(key, 100)
 
     return send, huey.storage.conn.close
+
+
+def taskiq_broker(setup: Setup) -> Any:
+    """A broker of the run's stream, with its result backend (not started)."""
+    from taskiq_redis import RedisAsyncResultBackend, RedisStreamBroker
+
+    backend = RedisAsyncResultBackend(setup.broker, prefix_str=setup.queue)
+    return RedisStreamBroker(
+        setup.broker, queue_name=setup.queue, consumer_group_name=setup.queue
+    ).with_result_backend(backend)
+
+
+def _taskiq_producer(setup: Setup) -> tuple[Callable[[str], None], Callable[[], None]]:
+    """Sends the run's tasks, and a no-op task every half second until the run ends: steady
+    traffic, which taskiq-redis's stream broker needs to take a dead worker's messages over (it
+    runs XAUTOCLAIM only after XREADGROUP returned a new message)."""
+    from taskiq.kicker import AsyncKicker
+
+    loop = asyncio.new_event_loop()
+    broker = taskiq_broker(setup)
+    loop.run_until_complete(broker.startup())
+    charge = AsyncKicker(task_name="tasks_charge", broker=broker, labels={})
+    tick = AsyncKicker(task_name="tasks_tick", broker=broker, labels={})
+    lock = threading.Lock()
+    done = threading.Event()
+
+    def send(key: str) -> None:
+        with lock:
+            loop.run_until_complete(charge.kiq(key, 100))
+
+    def ticks() -> None:
+        while not done.wait(0.5):
+            with lock:
+                loop.run_until_complete(tick.kiq())
+
+    ticker = threading.Thread(target=ticks, daemon=True)
+    ticker.start()
+
+    def close() -> None:
+        done.set()
+        ticker.join()
+        loop.run_until_complete(broker.shutdown())
+        loop.close()
+
+    return send, close
 
 
 def _arq_producer(setup: Setup) -> tuple[Callable[[str], None], Callable[[], None]]:
@@ -184,10 +239,10 @@ def rq_result(connection: Any, job_id: str) -> Any:
     return Job.fetch(job_id, connection=connection).return_value()
 
 
-#: The short crash tests' run: 20 jobs of up to 1 s on two workers of two slots, some sent twice,
-#: one SIGKILL 2.5 s after the first send (seed 20), while jobs run.
-def short_plan(queue: str, store: str = "postgres") -> Plan:
-    return Plan(queue, "redis", store, tasks=20, kills=1, workers=2, work=0.5, seed=20)
+def short_plan(queue: str, store: str = "postgres", seed: int = 20) -> Plan:
+    """The short crash tests' run: 20 jobs of up to 1 s on two workers of two slots, some sent
+    twice, one SIGKILL while jobs run (seed 20: 2.5 s after the first send; 54: 1.3 s)."""
+    return Plan(queue, "redis", store, tasks=20, kills=1, workers=2, work=0.5, seed=seed)
 
 
 def check_recovered(plan: Plan, tmp: Path, recovery: float) -> Outcome:
