@@ -63,6 +63,11 @@ MATRIX: dict[str, tuple[Path, str]] = {
     "amqp": (OWN, "amqp"),
     "celery": (OWN, "celery"),
     "dramatiq": (OWN, "dramatiq"),
+    "rq": (OWN, "rq"),
+    "arq": (OWN, "arq"),
+    "huey": (OWN, "huey"),
+    "taskiq": (OWN, "taskiq"),
+    "nats": (OWN, "nats"),
 }
 #: Extras whose project needs a service the test run provides (skip or fail as conftest says).
 NEEDS = {
@@ -71,6 +76,10 @@ NEEDS = {
     "amqp": "rabbitmq_url",
     "celery": "redis_url",
     "dramatiq": "redis_url",
+    "rq": "redis_url",
+    "arq": "redis_url",
+    "taskiq": "redis_url",
+    "nats": "nats_url",
 }
 THREADS = 3  # the machine has 2 cores, shared: installs mostly wait on the network and disk
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -18,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from ..conftest import RUN_ID, service_missing
+from ..conftest import RUN_ID
 
 pytestmark = pytest.mark.e2e
 
@@ -29,12 +28,8 @@ REPUBLISHED = 5
 
 
 @pytest.fixture
-def stream() -> Iterator[tuple[str, str]]:
+def stream(nats_url: str) -> Iterator[tuple[str, str]]:
     """A stream and a durable pull consumer (``ack_wait`` 2 s) of this test's own."""
-    try:
-        socket.create_connection(("127.0.0.1", 4222), timeout=2).close()
-    except OSError as exc:
-        service_missing("NATS JetStream", f"127.0.0.1:4222 unreachable ({exc})")
     import nats
     from nats.js.api import AckPolicy, ConsumerConfig, StreamConfig
 
