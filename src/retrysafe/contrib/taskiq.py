@@ -186,6 +186,13 @@ class Idempotency(TaskiqMiddleware):
         idle = getattr(broker, "idle_timeout", None)
         if idle is None:
             return out
+        if getattr(broker, "unacknowledged_lock_timeout", None) is None:
+            out.append(
+                f"taskiq broker {kind}: its reclaim lock has no timeout, so a worker killed "
+                "while it takes unacknowledged messages over leaves the lock set, and no "
+                "unacknowledged message is delivered again (taskiq-redis#131); set "
+                "unacknowledged_lock_timeout (taskiq-redis 1.2 and later)"
+            )
         delay = idle / 1000
         if delay > SLOW_REDELIVERY:
             out.append(
