@@ -256,3 +256,11 @@ def check_recovered(plan: Plan, tmp: Path, recovery: float) -> Outcome:
     check_outcome(outcome)
     assert outcome.kills == 1 and max(outcome.latencies) >= recovery, outcome.line()
     return outcome
+
+
+def check_control(queue: str, tmp: Path, workers: int = 2) -> None:
+    """The run with a plain job (no retrysafe): the producer's second copies run again."""
+    plan = Plan(queue, "redis", "none", tasks=20, kills=0, workers=workers, work=0.05)
+    outcome = crash_run(plan, tmp)
+    print(outcome.line())
+    assert outcome.duplicates >= outcome.sends - 20 > 0, outcome.line()
