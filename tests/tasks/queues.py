@@ -26,6 +26,10 @@ from .crash import Outcome, Plan, Setup
 
 BIN = Path(sys.executable).parent
 
+#: The control with the queue's own deduplication: the job id is the business key (RQ's
+#: ``job_id=``, arq's ``_job_id``), as their users write it.
+OWN_DEDUP = os.environ.get("TASKS_OWN_DEDUP") == "1"
+
 
 def _children(pid: int) -> list[int]:
     """Every descendant of ``pid`` (read before a kill: a killed parent's children move)."""
@@ -114,7 +118,7 @@ def _producer(setup: Setup) -> tuple[Callable[[str], None], Callable[[], None]]:
                 key,
                 100,
                 retry=Retry(max=3),
-                job_id=f"{setup.queue}-{uuid.uuid4().hex[:12]}",
+                job_id=f"{setup.queue}-{key if OWN_DEDUP else uuid.uuid4().hex[:12]}",
                 result_ttl=60,
                 failure_ttl=60,
             )
@@ -204,7 +208,8 @@ def _arq_producer(setup: Setup) -> tuple[Callable[[str], None], Callable[[], Non
     pool = loop.run_until_complete(create_pool(RedisSettings.from_dsn(setup.broker)))
 
     def send(key: str) -> None:
-        job_id = f"{setup.queue}-{uuid.uuid4().hex[:12]}"  # under the run's prefix: cleaned up
+        # under the run's prefix (cleaned up); the key itself for arq's own deduplication
+        job_id = f"{setup.queue}-{key if OWN_DEDUP else uuid.uuid4().hex[:12]}"
         enqueue = pool.enqueue_job("charge", key, 100, _job_id=job_id, _queue_name=setup.queue)
         loop.run_until_complete(enqueue)
 
