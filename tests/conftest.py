@@ -22,6 +22,7 @@ POSTGRES_URL = os.environ.get(
 )
 MYSQL_URL = os.environ.get("RETRYSAFE_TEST_MYSQL_URL", "mysql://root@127.0.0.1:3306/test")
 AMQP_URL = os.environ.get("RETRYSAFE_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2F")
+NATS_URL = os.environ.get("RETRYSAFE_TEST_NATS_URL", "nats://127.0.0.1:4222")
 #: Unique per test run: every key, prefix and schema a run creates carries it, so a run never
 #: touches data it did not create.
 RUN_ID = uuid.uuid4().hex[:10]
@@ -79,6 +80,15 @@ def rabbitmq_url() -> str:
     if problem:
         service_missing("RabbitMQ", problem)
     return AMQP_URL
+
+
+@pytest.fixture(scope="session")
+def nats_url() -> str:
+    """URL of the real NATS server (with JetStream) under test (RETRYSAFE_TEST_NATS_URL)."""
+    problem = _reachable(NATS_URL, 4222)
+    if problem:
+        service_missing("NATS JetStream", problem)
+    return NATS_URL
 
 
 @pytest.fixture(scope="session")
