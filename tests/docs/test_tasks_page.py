@@ -66,3 +66,25 @@ def test_the_dramatiq_worker_module_sends_nothing_at_import(tmp_path: Path) -> N
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip() == "charge"
     assert "from tasks import charge" in sender and ".send" in sender
+
+
+def test_the_celery_lock_libraries_have_a_migration_page_under_migrating() -> None:
+    import yaml
+
+    # The nav is the end of mkdocs.yml (the rest holds tags safe_load does not read).
+    nav = yaml.safe_load("nav:\n" + (ROOT / "mkdocs.yml").read_text().split("\nnav:\n", 1)[1])
+    (migrating,) = [entry["Migrating"] for entry in nav["nav"] if "Migrating" in entry]
+    pages = [
+        page
+        for entry in migrating
+        for page in ([entry] if isinstance(entry, str) else entry.values())
+    ]
+    assert "migrating/celery-once.md" in pages
+    text = (ROOT / "docs/migrating/celery-once.md").read_text()
+    assert "| celery-once | retrysafe |" in text and "| celery-singleton | retrysafe |" in text
+
+
+def test_the_powertools_page_says_the_testing_switch_covers_functions() -> None:
+    text = (ROOT / "docs/migrating/powertools-functions.md").read_text()
+    (row,) = [line for line in text.splitlines() if line.startswith("| `POWERTOOLS_IDEMPOTENCY")]
+    assert "idempotency_disabled()" in row and "none for functions" not in row
