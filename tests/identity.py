@@ -178,9 +178,9 @@ def pairs(
             shape, segments=(*shape.segments, f"{segment}%25{tail.replace('%', '%25')}")
         )
         return first, second, True, change
-    one, other = draw(st.lists(st.integers(0x80, 0xFF), min_size=2, max_size=2, unique=True))
-    first = replace(shape, segments=(*shape.segments, f"x%{one:02X}"))
-    return first, replace(shape, segments=(*shape.segments, f"x%{other:02X}")), False, change
+    byte, other_byte = draw(st.lists(st.integers(0x80, 0xFF), min_size=2, max_size=2, unique=True))
+    first = replace(shape, segments=(*shape.segments, f"x%{byte:02X}"))
+    return first, replace(shape, segments=(*shape.segments, f"x%{other_byte:02X}")), False, change
 
 
 def _case(draw: st.DrawFn, digits: str) -> str:

@@ -69,17 +69,9 @@ def test_the_dramatiq_worker_module_sends_nothing_at_import(tmp_path: Path) -> N
 
 
 def test_the_celery_lock_libraries_have_a_migration_page_under_migrating() -> None:
-    import yaml
-
-    # The nav is the end of mkdocs.yml (the rest holds tags safe_load does not read).
-    nav = yaml.safe_load("nav:\n" + (ROOT / "mkdocs.yml").read_text().split("\nnav:\n", 1)[1])
-    (migrating,) = [entry["Migrating"] for entry in nav["nav"] if "Migrating" in entry]
-    pages = [
-        page
-        for entry in migrating
-        for page in ([entry] if isinstance(entry, str) else entry.values())
-    ]
-    assert "migrating/celery-once.md" in pages
+    nav = (ROOT / "mkdocs.yml").read_text().split("\nnav:\n", 1)[1]
+    migrating = nav.split("\n  - Migrating:\n", 1)[1].split("\n  - ", 1)[0]
+    assert "migrating/celery-once.md" in migrating
     text = (ROOT / "docs/migrating/celery-once.md").read_text()
     assert "| celery-once | retrysafe |" in text and "| celery-singleton | retrysafe |" in text
 

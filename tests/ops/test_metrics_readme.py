@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -18,7 +17,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from ..docs.harness import projects, user_environment
-from ..e2e.servers import free_port
+from ..e2e.servers import free_port, serving
 
 pytestmark = pytest.mark.e2e
 
@@ -27,7 +26,8 @@ README = Path(__file__).resolve().parents[2] / "README.md"
 
 def _workers_block() -> str:
     section = README.read_text().split("\n## Metrics and traces\n", 1)[1].split("\n## ", 1)[0]
-    (block,) = [b for b in re.findall(r"```sh\n(.*?)```", section, re.S) if "--workers" in b]
+    blocks: list[str] = re.findall(r"```sh\n(.*?)```", section, re.S)
+    (block,) = [b for b in blocks if "--workers" in b]
     return block
 
 
@@ -39,31 +39,15 @@ def _serve(folder: Path, script: str) -> Iterator[str]:
     env = {**user_environment(), "TMPDIR": str(folder)}  # mktemp -d inside the test's folder
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     env.pop("PROMETHEUS_MULTIPROC_DIR", None)
-    log = open(folder / "uvicorn.log", "wb")  # noqa: SIM115
-    proc = subprocess.Popen(
-        ["bash", "-c", script], cwd=folder, env=env, stdout=log, stderr=subprocess.STDOUT
-    )
-    log.close()
     url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            assert proc.poll() is None, (folder / "uvicorn.log").read_text()
-            try:
-                if httpx.get(url + "/metrics", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, (folder / "uvicorn.log").read_text()
-            time.sleep(0.1)
+    with serving(
+        ["bash", "-c", script],
+        cwd=folder,
+        env=env,
+        log=folder / "uvicorn.log",
+        ready=url + "/metrics",
+    ):
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
 
 
 @pytest.fixture
