@@ -48,6 +48,7 @@ PUBLIC_MODULES = [
     "retrysafe.proxy",
     "retrysafe.ops.stats",
     "retrysafe.ops.records",
+    "retrysafe.ops.commands",
     "retrysafe.contrib.fastapi",
     "retrysafe.contrib.flask",
     "retrysafe.contrib.django",
@@ -63,7 +64,7 @@ PUBLIC_MODULES = [
 NOT_API = {
     "retrysafe.cli": "the command line reference",
     "retrysafe.demo": "the demo, not a library",
-    "retrysafe.ops": "a package; its modules ops.stats and ops.records are API",
+    "retrysafe.ops": "a package; its modules ops.stats, ops.records and ops.commands are API",
     "retrysafe.contrib": "a package of integrations",
     "retrysafe.stores.memory": "re-exported by retrysafe.stores",
     "retrysafe.stores.sqlite": "re-exported by retrysafe.stores",
