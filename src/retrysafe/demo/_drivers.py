@@ -26,7 +26,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 from urllib.parse import parse_qs
 
-from .._core.errors import ConfigurationError, StoreUnavailableError
+from .. import ConfigurationError, StoreError, StoreUnavailableError
 from ..stores.sqlite import (
     DEFAULT_BUSY_TIMEOUT,
     SQLiteBusyError,
@@ -339,29 +339,13 @@ class Asyncpg(_Postgres):
         return pool
 
     async def _pooled(self, work: Callable[[Any], Awaitable[T]]) -> T:
-        from ..stores.postgres._asyncpg import _asyncpg_error, _discard, _give_back, _never_sent
+        from ..stores.postgres.pooled import run_pooled
 
         pool = await self._get_pool()
-        for _ in range(_POOL_SIZE + 1):
-            try:
-                conn = await asyncio.wait_for(pool.acquire(), 10.0)
-            except Exception as exc:
-                error = _asyncpg_error(exc, established=False, what="connect")
-                raise DatabaseUnavailable(str(error), store="postgres") from exc
-            try:
-                return await work(conn)
-            except Exception as exc:
-                closed = conn.is_closed()
-                _discard(conn)
-                if _never_sent(exc):
-                    continue
-                error = _asyncpg_error(exc, established=True, what="statement", closed=closed)
-                if isinstance(error, StoreUnavailableError):
-                    raise DatabaseUnavailable(str(error), store="postgres") from exc
-                raise
-            finally:
-                await _give_back(pool, conn)
-        raise DatabaseUnavailable("no live connection to the order database", store="postgres")
+        try:
+            return await run_pooled(pool, work, attempts=_POOL_SIZE + 1)
+        except StoreError as exc:  # no connection, or the server went away
+            raise DatabaseUnavailable(str(exc), store="postgres") from exc
 
     async def run(
         self, sql: str, params: Sequence[Any] = (), *, conn: Any = None, write: bool = False
@@ -373,11 +357,11 @@ class Asyncpg(_Postgres):
         try:
             return await conn.fetch(sql, *params)  # type: ignore[no-any-return]
         except Exception as exc:
-            from ..stores.postgres._asyncpg import _asyncpg_error
+            from ..stores.postgres.pooled import store_error
 
             # The transaction's connection died under the handler: a store failure that the
             # middleware answers (503, the key released), told in plain words.
-            error = _asyncpg_error(exc, established=False, what="insert", closed=conn.is_closed())
+            error = store_error(exc, what="insert", closed=conn.is_closed())
             if isinstance(error, StoreUnavailableError):
                 raise error from exc
             raise

@@ -23,8 +23,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
-from .._core.config import IdempotencyConfig
-from .._core.routes import idempotent
+from .. import IdempotencyConfig, idempotent
 from ..asgi import IdempotencyMiddleware
 from ..stores import AsyncStore, resolve_async_store
 from . import domain

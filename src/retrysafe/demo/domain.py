@@ -23,7 +23,7 @@ from importlib import resources
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from .._core.errors import StoreUnavailableError
+from .. import StoreUnavailableError
 
 __all__ = [
     "DEFAULT_STORE",

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from importlib import import_module
 
-from .._core.errors import ConfigurationError
+from .. import ConfigurationError
 from .charges import WorkerLink, run_worker
 
 __all__ = ["SERVERS", "WORKER_FRAMEWORKS", "serve_asgi", "worker", "worker_link"]
