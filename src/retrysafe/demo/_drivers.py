@@ -23,6 +23,7 @@ import asyncio
 import sqlite3
 import threading
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import parse_qs
 
@@ -35,7 +36,7 @@ from ..stores.sqlite import (
     parse_sqlite_url,
     retry_while_busy,
 )
-from .domain import DatabaseUnavailable, Kind
+from .domain import ORDERS, PAYMENTS, DatabaseUnavailable, Kind
 
 __all__ = [
     "AsyncSQLite",
@@ -55,79 +56,57 @@ _POOL_SIZE = 4
 #: Serialises the CREATE TABLEs of several processes starting at once (an advisory lock id).
 _DDL_LOCK = 7206110
 
-_SQLITE_SCHEMA = """
-CREATE TABLE IF NOT EXISTS orderhub_orders (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    owner TEXT NOT NULL,
-    item TEXT NOT NULL,
-    quantity INTEGER NOT NULL,
-    created_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))
-);
-CREATE TABLE IF NOT EXISTS orderhub_payments (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    owner TEXT NOT NULL,
-    amount INTEGER NOT NULL,
-    currency TEXT NOT NULL,
-    created_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))
-);
-CREATE TABLE IF NOT EXISTS orderhub_charges (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    payment_id INTEGER NOT NULL,
-    flow TEXT NOT NULL,
-    amount INTEGER NOT NULL,
-    currency TEXT NOT NULL,
-    task_id TEXT NOT NULL,
-    created_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))
-);
-CREATE TABLE IF NOT EXISTS orderhub_charge_runs (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    payment_id INTEGER NOT NULL,
-    flow TEXT NOT NULL,
-    task_id TEXT NOT NULL,
-    pid INTEGER NOT NULL,
-    outcome TEXT NOT NULL,
-    started_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))
-);
-"""
+#: OrderHub's tables (``orderhub_<name>``): each column a client or the worker writes, by type,
+#: then the column stamped with the time of the insert (ISO 8601, UTC, milliseconds).
+_TABLES: dict[str, tuple[dict[str, type], str]] = {
+    ORDERS.name: ({"owner": str, **ORDERS.fields}, "created_at"),
+    PAYMENTS.name: ({"owner": str, **PAYMENTS.fields}, "created_at"),
+    "charges": (
+        {"payment_id": int, "flow": str, "amount": int, "currency": str, "task_id": str},
+        "created_at",
+    ),
+    "charge_runs": (
+        {"payment_id": int, "flow": str, "task_id": str, "pid": int, "outcome": str},
+        "started_at",
+    ),
+}
 
-_POSTGRES_SCHEMA = """
-CREATE TABLE IF NOT EXISTS {prefix}orderhub_orders (
-    id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    owner TEXT NOT NULL,
-    item TEXT NOT NULL,
-    quantity BIGINT NOT NULL,
-    created_at TEXT NOT NULL
-        DEFAULT to_char(clock_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"')
-);
-CREATE TABLE IF NOT EXISTS {prefix}orderhub_payments (
-    id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    owner TEXT NOT NULL,
-    amount BIGINT NOT NULL,
-    currency TEXT NOT NULL,
-    created_at TEXT NOT NULL
-        DEFAULT to_char(clock_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"')
-);
-CREATE TABLE IF NOT EXISTS {prefix}orderhub_charges (
-    id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    payment_id BIGINT NOT NULL,
-    flow TEXT NOT NULL,
-    amount BIGINT NOT NULL,
-    currency TEXT NOT NULL,
-    task_id TEXT NOT NULL,
-    created_at TEXT NOT NULL
-        DEFAULT to_char(clock_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"')
-);
-CREATE TABLE IF NOT EXISTS {prefix}orderhub_charge_runs (
-    id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    payment_id BIGINT NOT NULL,
-    flow TEXT NOT NULL,
-    task_id TEXT NOT NULL,
-    pid BIGINT NOT NULL,
-    outcome TEXT NOT NULL,
-    started_at TEXT NOT NULL
-        DEFAULT to_char(clock_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"')
-);
-"""
+
+@dataclass(frozen=True, slots=True)
+class _Dialect:
+    """What the ``CREATE TABLE`` of a table says differently in each SQL dialect."""
+
+    identity: str
+    integer: str
+    now: str
+
+    def schema(self, prefix: str = "") -> str:
+        """The statements that create every table that is missing (``prefix`` qualifies)."""
+        statements = []
+        for name, (columns, stamp) in _TABLES.items():
+            lines = [
+                f"id {self.identity}",
+                *(
+                    f"{column} {self.integer if kind is int else 'TEXT'} NOT NULL"
+                    for column, kind in columns.items()
+                ),
+                f"{stamp} TEXT NOT NULL DEFAULT {self.now}",
+            ]
+            body = ",\n    ".join(lines)
+            statements.append(
+                f"CREATE TABLE IF NOT EXISTS {prefix}orderhub_{name} (\n    {body}\n);"
+            )
+        return "\n".join(statements)
+
+
+_SQLITE = _Dialect(
+    "INTEGER PRIMARY KEY AUTOINCREMENT", "INTEGER", "(strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))"
+)
+_POSTGRES = _Dialect(
+    "BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY",
+    "BIGINT",
+    "to_char(clock_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"')",
+)
 
 
 class Statements:
@@ -209,7 +188,7 @@ class _SQLite:
             conn.execute(f"PRAGMA busy_timeout = {int(max(self.busy_timeout, 5.0) * 1000)}")
             conn.execute("PRAGMA journal_mode = WAL")
             conn.execute("PRAGMA synchronous = NORMAL")
-            conn.executescript(_SQLITE_SCHEMA)
+            conn.executescript(_SQLITE.schema())
             conn.execute(f"PRAGMA busy_timeout = {self._wait_ms()}")
             self._local.conn = conn
         return conn
@@ -304,7 +283,7 @@ class _Postgres:
         """The statements that create the tables, serialised across processes by a lock."""
         schema = [f'CREATE SCHEMA IF NOT EXISTS "{self._schema}"'] if self._schema else []
         lock = f"SELECT pg_advisory_xact_lock({_DDL_LOCK})"
-        return [*schema, "BEGIN", lock, _POSTGRES_SCHEMA.format(prefix=self.sql.prefix), "COMMIT"]
+        return [*schema, "BEGIN", lock, _POSTGRES.schema(self.sql.prefix), "COMMIT"]
 
 
 class Asyncpg(_Postgres):

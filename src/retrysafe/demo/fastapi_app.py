@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Annotated, Any
+from typing import Annotated, Any, Unpack
 
 from fastapi import Depends, FastAPI, Query, Request, Response, Security
 from fastapi.exceptions import RequestValidationError
@@ -38,7 +38,6 @@ from .app import (
     problem_response,
     reset_charges,
 )
-from .charges import WorkerLink
 
 __all__ = [
     "Order",
@@ -310,21 +309,15 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     return problem_response(domain.Problem(exc.status_code, title, title), exc.headers)
 
 
-def create_app(
-    *,
-    store: str = domain.DEFAULT_STORE,
-    db: str | None = None,
-    ttl: float = 24 * 3600.0,
-    lease: float = 30.0,
-    transactional: bool | None = None,
-    worker: WorkerLink | None = None,
-) -> FastAPI:
+def create_app(**options: Unpack[domain.OrderHubOptions]) -> FastAPI:
     """Build OrderHub on FastAPI (the arguments of :func:`retrysafe.demo.app.create_app`).
 
     Returns:
         The FastAPI app.
     """
-    setup = orderhub_setup(store=store, db=db, ttl=ttl, lease=lease, transactional=transactional)
+    settings = domain.Settings(**options)
+    worker = settings.worker
+    setup = orderhub_setup(settings)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
