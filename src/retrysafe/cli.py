@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from . import __version__
@@ -61,6 +61,24 @@ def _store_url(args: argparse.Namespace) -> str:
             option="--store",
         )
     return url
+
+
+def _store_command(
+    sub: Any, name: str, run: Callable[[argparse.Namespace], int], *, help: str, description: str
+) -> argparse.ArgumentParser:
+    """A subcommand on one store: ``--store`` and what it runs."""
+    parser: argparse.ArgumentParser = sub.add_parser(name, help=help, description=description)
+    _store_arg(parser)
+    parser.set_defaults(func=run)
+    return parser
+
+
+def _key_args(parser: argparse.ArgumentParser) -> None:
+    """The options that name one key: ``--key``, ``--method``, the target and the scope."""
+    parser.add_argument("--key", required=True, help=_KEY_HELP)
+    parser.add_argument("--method", default="POST", help=_METHOD_HELP)
+    _target_args(parser)
+    _scope_args(parser)
 
 
 _KEY_HELP = "the Idempotency-Key header's value as sent: '\"k1\"' (an sf-string) or k1"
@@ -308,14 +326,15 @@ def _stats(args: argparse.Namespace) -> int:
 
 
 def _stats_parser(sub: Any) -> None:
-    stats = sub.add_parser(
+    stats = _store_command(
+        sub,
         "stats",
+        _stats,
         help="count records by state (in progress, outcome unknown)",
         description="Count the store's records by state: completed, in progress (and how many "
         "with effects committed), outcome unknown, lease lapsed, expired; and the age of the "
         "oldest record in progress. With --fail-on-unknown, a monitoring check.",
     )
-    _store_arg(stats)
     stats.add_argument(
         "--ttl",
         default=_DEFAULTS.ttl,
@@ -328,7 +347,6 @@ def _stats_parser(sub: Any) -> None:
         action="store_true",
         help="exit 1 when some key's outcome is unknown (for a monitoring check)",
     )
-    stats.set_defaults(func=_stats)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -381,41 +399,39 @@ def build_parser() -> argparse.ArgumentParser:
 
     _proxy_parser(sub)
 
-    purge = sub.add_parser(
+    purge = _store_command(
+        sub,
         "purge",
+        _purge,
         help="delete expired records",
         description="Delete the records whose retention (the app's ttl) has passed; a store that "
         "expires records by itself (Redis) has none. Run it from cron or a scheduled job.",
     )
-    _store_arg(purge)
     purge.add_argument("--dry-run", action="store_true", help="only count what would be deleted")
-    purge.set_defaults(func=_purge)
-
-    check = sub.add_parser(
+    _store_command(
+        sub,
         "check",
+        _check,
         help="check that a store is reachable and works",
         description=f"Check that a store is reachable and works: {ops.CHECK_WRITES}.",
     )
-    _store_arg(check)
-    check.set_defaults(func=_check)
-
-    inspect = sub.add_parser(
-        "inspect",
-        help="show the record of one key",
-        description="Show what the store holds for one key: its state (in progress, completed, "
-        "outcome unknown), the lease left or the stored status and body size. Name the key as "
-        "the client sent the header, with the request's path, method and scope, or with "
-        "--function for an idempotent function's call. Exits 1 when there is no record.",
+    _key_args(
+        _store_command(
+            sub,
+            "inspect",
+            _inspect,
+            help="show the record of one key",
+            description="Show what the store holds for one key: its state (in progress, "
+            "completed, outcome unknown), the lease left or the stored status and body size. "
+            "Name the key as the client sent the header, with the request's path, method and "
+            "scope, or with --function for an idempotent function's call. Exits 1 when there is "
+            "no record.",
+        )
     )
-    _store_arg(inspect)
-    inspect.add_argument("--key", required=True, help=_KEY_HELP)
-    inspect.add_argument("--method", default="POST", help=_METHOD_HELP)
-    _target_args(inspect)
-    _scope_args(inspect)
-    inspect.set_defaults(func=_inspect)
-
-    resolve = sub.add_parser(
+    resolve = _store_command(
+        sub,
         "resolve",
+        _resolve,
         help="delete the record of one key (e.g. an outcome-unknown key after checking that its "
         "effects did not happen), so the next request with it runs",
         description="Delete the record of one key, so that the next request (or call) with it "
@@ -423,16 +439,12 @@ def build_parser() -> argparse.ArgumentParser:
         "effects did not happen. A completed record is kept unless --force: its stored "
         "response is what every retry gets. Exits 1 when nothing was deleted.",
     )
-    _store_arg(resolve)
-    resolve.add_argument("--key", required=True, help=_KEY_HELP)
-    resolve.add_argument("--method", default="POST", help=_METHOD_HELP)
-    _target_args(resolve)
-    _scope_args(resolve)
+    _key_args(resolve)
     resolve.add_argument("--force", action="store_true", help="also delete a completed record")
-    resolve.set_defaults(func=_resolve)
-
-    schema = sub.add_parser(
+    schema = _store_command(
+        sub,
         "schema",
+        _schema,
         help="create the store's tables",
         description="schema apply: create the store's table and index now, where missing (a "
         "SQL store otherwise creates them on first use): for a deployment step, or an app "
@@ -442,8 +454,6 @@ def build_parser() -> argparse.ArgumentParser:
     schema.add_argument(
         "action", choices=["apply"], help="apply: create what is missing, keep what exists"
     )
-    _store_arg(schema)
-    schema.set_defaults(func=_schema)
     _stats_parser(sub)
     from .client._cli import add_request_arguments, run_request
 

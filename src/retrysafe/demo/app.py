@@ -75,6 +75,13 @@ class OrderHubSetup:
     page: bytes
     metrics: bool
 
+    @asynccontextmanager
+    async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
+        """The app's lifespan: on shutdown, close the data layer and the worker desk."""
+        yield
+        await self.hub.aclose()
+        await close_worker(app)
+
 
 def orderhub_setup(settings: domain.Settings) -> OrderHubSetup:
     """Resolve the store (a bad URL fails here, at start-up) and open the data layer."""
@@ -273,12 +280,6 @@ def create_app(**options: Unpack[domain.OrderHubOptions]) -> Starlette:
     if setup.metrics:
         routes.append(Route("/metrics", metrics, methods=["GET"]))
 
-    @asynccontextmanager
-    async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        yield
-        await setup.hub.aclose()
-        await close_worker(app)
-
     app = Starlette(
         routes=routes,
         # mypy cannot match a constructor with **options against Starlette's ParamSpec factory.
@@ -291,7 +292,7 @@ def create_app(**options: Unpack[domain.OrderHubOptions]) -> Starlette:
             domain.DatabaseUnavailable: _domain_error,
             HTTPException: _http_error,
         },
-        lifespan=lifespan,
+        lifespan=setup.lifespan,
     )
     app.state.orderhub = setup.hub
     add_worker(app, worker, setup.hub.url, setup.page)

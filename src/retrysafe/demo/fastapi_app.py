@@ -14,8 +14,6 @@ JSON only under a JSON ``Content-Type``.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Annotated, Any, Unpack
 
 from fastapi import Depends, FastAPI, Query, Request, Response, Security
@@ -32,7 +30,6 @@ from ._async_hub import AsyncOrderHub
 from .app import (
     add_worker,
     charge_new_payment,
-    close_worker,
     metrics,
     orderhub_setup,
     problem_response,
@@ -319,17 +316,11 @@ def create_app(**options: Unpack[domain.OrderHubOptions]) -> FastAPI:
     worker = settings.worker
     setup = orderhub_setup(settings)
 
-    @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        yield
-        await setup.hub.aclose()
-        await close_worker(app)
-
     app = FastAPI(
         title="OrderHub",
         version=__version__,
         summary="The retrysafe demo: orders and payments that are safe to retry.",
-        lifespan=lifespan,
+        lifespan=setup.lifespan,
         exception_handlers={
             domain.Problem: _domain_error,
             domain.DemoFailure: _domain_error,
