@@ -52,26 +52,11 @@ PROGRAMS = ("demo", "cli", "__main__")
 BACKENDS = ("stores",)
 BACKENDS_MAY_IMPORT = ("_core", "stores")
 #: Third-party frameworks (and servers) a CLI subcommand may need, and the demo.
-FRAMEWORKS = frozenset(
-    {
-        "starlette",
-        "fastapi",
-        "flask",
-        "werkzeug",
-        "django",
-        "rest_framework",
-        "uvicorn",
-        "gunicorn",
-        "httptools",
-        "celery",
-        "kombu",
-        "dramatiq",
-        "grpc",
-        "aiohttp",
-        "prometheus_client",
-        "opentelemetry",
-    }
-)
+WEB = {"starlette", "fastapi", "flask", "werkzeug", "django", "rest_framework", "aiohttp", "grpc"}
+SERVERS = {"uvicorn", "gunicorn", "httptools"}
+QUEUES = {"celery", "kombu", "dramatiq"}
+OBSERVERS = {"prometheus_client", "opentelemetry"}
+FRAMEWORKS = frozenset(WEB | SERVERS | QUEUES | OBSERVERS)
 CLI = f"{PACKAGE}.cli"
 
 #: Known breaks, each in a file another change is reshaping; the test names them so they are
