@@ -261,7 +261,7 @@ def idempotent_function(
         if settings.transactional and not callable(getattr(resolved, "begin", None)):
             raise ConfigurationError(
                 f"idempotent_function({spec.name}): transactional=True needs a SQL store "
-                f"(SQLite, PostgreSQL or Django's ORM), not {type(resolved).__name__}"
+                f"(SQLite, PostgreSQL, MySQL or Django's ORM), not {type(resolved).__name__}"
             )
         return IdempotentFunction(target, spec, settings, resolved)
 

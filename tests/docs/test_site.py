@@ -43,6 +43,7 @@ PUBLIC_MODULES = [
     "retrysafe.stores",
     "retrysafe.stores.postgres",
     "retrysafe.stores.postgres.pooled",
+    "retrysafe.stores.mysql",
     "retrysafe.stores.redis",
     "retrysafe.stores.redis_cluster",
     "retrysafe.client",

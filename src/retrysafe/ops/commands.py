@@ -42,7 +42,13 @@ CHECK_WRITES = (
 )
 
 #: The extra that brings a store driver, for a store that imports its driver on first use.
-_DRIVER_EXTRAS = {"psycopg": "postgres", "psycopg_pool": "postgres", "redis": "redis"}
+_DRIVER_EXTRAS = {
+    "psycopg": "postgres",
+    "psycopg_pool": "postgres",
+    "pymysql": "mysql",
+    "asyncmy": "mysql",
+    "redis": "redis",
+}
 _PROBE_KEY = "retrysafe-cli-probe"
 
 
