@@ -22,9 +22,10 @@ POSTGRES_URL = os.environ.get(
 )
 MYSQL_URL = os.environ.get("RETRYSAFE_TEST_MYSQL_URL", "mysql://root@127.0.0.1:3306/test")
 AMQP_URL = os.environ.get("RETRYSAFE_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2F")
+NATS_URL = os.environ.get("RETRYSAFE_TEST_NATS_URL", "nats://127.0.0.1:4222")
 #: Unique per test run: every key, prefix and schema a run creates carries it, so a run never
-#: touches data it did not create.
-RUN_ID = uuid.uuid4().hex[:10]
+#: touches data it did not create (RETRYSAFE_TEST_RUN_ID sets it, for a test of the cleanup).
+RUN_ID = os.environ.get("RETRYSAFE_TEST_RUN_ID") or uuid.uuid4().hex[:10]
 
 
 def service_missing(name: str, reason: str) -> None:
@@ -33,6 +34,26 @@ def service_missing(name: str, reason: str) -> None:
     if IN_CI:
         pytest.fail(f"{message} (CI=true: services must be up)", pytrace=False)
     pytest.skip(message)
+
+
+def pytest_report_header() -> str:
+    return f"retrysafe test run: {RUN_ID} (every key, prefix and schema it makes carries it)"
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Delete the Redis keys this run wrote (each carries RUN_ID): records, metrics, queues."""
+    if _reachable(REDIS_URL, 6379) is not None:
+        return
+    import redis
+
+    client = redis.Redis.from_url(REDIS_URL)
+    try:
+        for key in client.scan_iter(match=f"*{RUN_ID}*", count=1000):
+            client.unlink(key)
+    except redis.RedisError:
+        pass  # a run without Redis access leaves nothing to clean
+    finally:
+        client.close()
 
 
 def _reachable(url: str, default_port: int) -> str | None:
@@ -79,6 +100,15 @@ def rabbitmq_url() -> str:
     if problem:
         service_missing("RabbitMQ", problem)
     return AMQP_URL
+
+
+@pytest.fixture(scope="session")
+def nats_url() -> str:
+    """URL of the real NATS server (with JetStream) under test (RETRYSAFE_TEST_NATS_URL)."""
+    problem = _reachable(NATS_URL, 4222)
+    if problem:
+        service_missing("NATS JetStream", problem)
+    return NATS_URL
 
 
 @pytest.fixture(scope="session")

@@ -4,10 +4,13 @@ tests/proxy/test_identity_properties.py through the sidecar to a real upstream).
 
 A :class:`Shape` is what a client controls: path segments, query pairs in order, a credential
 and a body. :func:`pairs` draws a first request and a second one made from it by one change,
-with whether the application treats the two as the same request: only names of the query in
-another order are the same (every framework reads a query as values per name); every other
-change (another order of one name's values, another value, path, credential, case of a
-credential, body, or a path byte that is not UTF-8) is another request.
+with whether the application treats the two as the same request: names of the query in
+another order are the same (every framework reads a query as values per name), and so are other
+spellings of one path (RFC 3986 6.2.2: an unreserved character escaped, hex digits in another
+case, an invalid escape against its ``%25`` spelling); every other change (another order of one
+name's values, another value, path, credential, case of a credential, body, a path byte that is
+not UTF-8, or a reserved character against its escape where the app receives the raw path) is
+another request.
 """
 
 from __future__ import annotations
@@ -30,6 +33,15 @@ _SEGMENT = st.text(string.ascii_letters + string.digits + "-._~", min_size=1, ma
 _NAME = st.sampled_from(["a", "b", "item", "x", "zz"])
 _VALUE = st.text(string.ascii_letters + string.digits + " -_.&=/", max_size=6)
 _TOKEN = st.text(string.ascii_letters + string.digits + "-_", min_size=1, max_size=12)
+#: Reserved characters a path segment may hold as they are (RFC 3986 ``pchar``), and ``/``.
+_RESERVED = "/:@!$&'()*+,;="
+#: Bytes whose escape stays an escape in the normal form and has a hex letter: reserved
+#: characters, and bytes past ASCII as UTF-8 sequences (the Werkzeug and Django ASGI shells
+#: decode a path as UTF-8).
+_KEPT = st.sampled_from(
+    [bytes([b]) for b in _RESERVED.encode() if not f"{b:02X}".isdigit()]
+    + [b"\xc3\xa9", b"\xe2\x82\xac", b"\xf0\x9f\x98\x80"]
+)
 
 
 @dataclass(frozen=True)
@@ -96,7 +108,8 @@ def pairs(
     shape = draw(_shapes())
     changes = ["names", "values", "value", "path", "principal", "case", "body"]
     changes += ["byte"] if byte_paths else []
-    changes += ["slash"] if raw_paths else []
+    changes += ["slash", "reserved"] if raw_paths else []
+    changes += ["unreserved", "hexcase", "invalid"]
     change = draw(st.sampled_from(changes))
     if change == "names":
         names = sorted({name for name, _ in shape.query})
@@ -130,9 +143,56 @@ def pairs(
         left, right = draw(_SEGMENT), draw(_SEGMENT)
         first = replace(shape, segments=(*shape.segments, f"{left}%2F{right}"))
         return first, replace(shape, segments=(*shape.segments, left, right)), False, change
-    one, other = draw(st.lists(st.integers(0x80, 0xFF), min_size=2, max_size=2, unique=True))
-    first = replace(shape, segments=(*shape.segments, f"x%{one:02X}"))
-    return first, replace(shape, segments=(*shape.segments, f"x%{other:02X}")), False, change
+    if change == "reserved":  # a reserved character against its escape: two paths
+        left, right = draw(_SEGMENT), draw(_SEGMENT)
+        char = draw(st.sampled_from(_RESERVED))
+        escape = _escape(draw, ord(char))
+        first = replace(shape, segments=(*shape.segments, f"{left}{escape}{right}"))
+        return (
+            first,
+            replace(shape, segments=(*shape.segments, f"{left}{char}{right}")),
+            False,
+            change,
+        )
+    if change == "unreserved":  # some unreserved characters escaped: one path
+        i = draw(st.integers(0, len(shape.segments) - 1))
+        segment = shape.segments[i]
+        escaped = draw(st.lists(st.booleans(), min_size=len(segment), max_size=len(segment)))
+        if not any(escaped):
+            escaped[draw(st.integers(0, len(segment) - 1))] = True
+        spelled = "".join(
+            _escape(draw, ord(c)) if e else c for c, e in zip(segment, escaped, strict=True)
+        )
+        segments = (*shape.segments[:i], spelled, *shape.segments[i + 1 :])
+        return shape, replace(shape, segments=segments), True, change
+    if change == "hexcase":  # the hex digits of escapes in another case: one path
+        digits = "".join(f"%{b:02X}" for b in draw(_KEPT))
+        first = replace(shape, segments=(*shape.segments, f"x{digits}"))
+        second = replace(shape, segments=(*shape.segments, f"x{_case(draw, digits)}"))
+        return first, second, True, change
+    if change == "invalid":  # a "%" that begins no escape is a percent sign: "%25"
+        tail = draw(st.sampled_from(["", "g", "zz", "4", "4g", "%"]))
+        segment = draw(_SEGMENT)
+        first = replace(shape, segments=(*shape.segments, f"{segment}%{tail}"))
+        second = replace(
+            shape, segments=(*shape.segments, f"{segment}%25{tail.replace('%', '%25')}")
+        )
+        return first, second, True, change
+    byte, other_byte = draw(st.lists(st.integers(0x80, 0xFF), min_size=2, max_size=2, unique=True))
+    first = replace(shape, segments=(*shape.segments, f"x%{byte:02X}"))
+    return first, replace(shape, segments=(*shape.segments, f"x%{other_byte:02X}")), False, change
+
+
+def _case(draw: st.DrawFn, digits: str) -> str:
+    # The same escapes with some of their hex letters in another case (at least one).
+    flips = draw(st.lists(st.booleans(), min_size=len(digits), max_size=len(digits)))
+    spelled = "".join(c.swapcase() if f else c for c, f in zip(digits, flips, strict=True))
+    return spelled if spelled != digits else digits.lower()
+
+
+def _escape(draw: st.DrawFn, byte: int) -> str:
+    # An escape with its hex digits in either case.
+    return draw(st.sampled_from([f"%{byte:02X}", f"%{byte:02x}"]))
 
 
 def check_pair(send: Send, case: tuple[Shape, Shape, bool, str]) -> None:

@@ -209,6 +209,41 @@ def test_an_encoded_slash_is_another_path_than_a_slash(svc: Service) -> None:
     assert_two_records(svc, "/orders/a%2Fb", "/orders/a/b")
 
 
+@pytest.mark.parametrize(
+    "spelling",
+    [
+        pytest.param("/%6Frders", id="unreserved-escaped"),
+        pytest.param("/%6frders", id="unreserved-lower-hex"),
+        pytest.param("/or%64e%72s", id="several-escaped"),
+    ],
+)
+def test_an_escaped_unreserved_character_is_the_same_path(
+    svc: Service, world: World, spelling: str
+) -> None:
+    # RFC 3986 6.2.2.2: every front routes /%6Frders to /orders; the handler runs once.
+    first = svc.post("/orders", key="k1", json=ORDER)
+    again = svc.post(spelling, key="k1", json=ORDER)
+    assert first.status_code == 201
+    assert again.headers[REPLAYED] == "true" and again.content == first.content
+    assert world["/orders"] == 1
+
+
+def test_hex_digits_in_another_case_are_the_same_path(svc: Service) -> None:
+    first = svc.post("/orders/caf%C3%A9", key="k1", json=ORDER)
+    again = svc.post("/orders/caf%c3%a9", key="k1", json=ORDER)
+    assert first.status_code == 201
+    assert again.headers[REPLAYED] == "true" and again.content == first.content
+
+
+def test_a_percent_that_begins_no_escape_is_a_percent_sign(svc: Service) -> None:
+    # The app sees "/orders/a%zz" for both spellings; "%zz" is not an escape.
+    first = svc.post("/orders/a%zz", key="k1", json=ORDER)
+    again = svc.post("/orders/a%25zz", key="k1", json=ORDER)
+    assert first.status_code == 201
+    assert again.headers[REPLAYED] == "true" and again.content == first.content
+    assert_two_records(svc, "/orders/b%zz", "/orders/bzz")
+
+
 def test_repeated_query_values_in_another_order_are_another_request(
     svc: Service, world: World
 ) -> None:

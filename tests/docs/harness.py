@@ -30,7 +30,11 @@ says why not. The blocks of one project run, in page order, in a fresh empty fol
 - ``with=SERVICE:PORT``: before the project's first block, start a service the page relies on
   (say OrderHub on 8000), from the caller's ``services``.
 
-The only rewrite is of ports: a server's port and each ``with=`` port are replaced, in every
+Two rewrites only. The test services' addresses a page names (``redis://127.0.0.1:6379/0``,
+``postgresql://postgres@127.0.0.1:5432/test``, ``amqp://guest:guest@127.0.0.1:5672/%2F``, also
+with ``localhost``) become the run's own (``RETRYSAFE_TEST_REDIS_URL``, ``_POSTGRES_URL``,
+``_AMQP_URL``; :data:`SERVICE_URLS`), so a suite pointed at other services runs the pages there
+too. And ports: a server's port and each ``with=`` port are replaced, in every
 block and command of the project, by a free port (``127.0.0.1:8000`` becomes
 ``127.0.0.1:41234``, ``--port 8000`` becomes ``--port 41234``), since a shared machine cannot
 promise port 8000; a server command that names no port gets its default port's replacement as a
@@ -56,6 +60,8 @@ from typing import Any
 
 import httpx
 
+from ..conftest import AMQP_URL, POSTGRES_URL, REDIS_URL
+
 __all__ = [
     "Block",
     "DocsError",
@@ -66,7 +72,9 @@ __all__ = [
     "parse_blocks",
     "projects",
     "run_project",
+    "services_named",
     "wire_checks",
+    "with_test_services",
 ]
 
 #: Fenced blocks in these languages are runnable: each needs a marker.
@@ -361,7 +369,31 @@ def _stop_group(proc: subprocess.Popen[bytes]) -> None:
     proc.wait(timeout=10)
 
 
+#: The services' addresses as the pages write them -> the test run's (tests/conftest.py).
+SERVICE_URLS = {
+    f"{scheme}{host}{rest}": url
+    for scheme, rest, url in [
+        ("redis://", ":6379/0", REDIS_URL),
+        ("postgresql://postgres@", ":5432/test", POSTGRES_URL),
+        ("amqp://guest:guest@", ":5672/%2F", AMQP_URL),
+    ]
+    for host in ("127.0.0.1", "localhost")
+}
+_SERVICE_URL = re.compile("|".join(re.escape(u) + r"(?![\w/])" for u in SERVICE_URLS))
+
+
+def services_named(text: str) -> set[str]:
+    """The test run's service URLs that ``text`` names (as :func:`_remap` writes them)."""
+    return {SERVICE_URLS[m[0]] for m in _SERVICE_URL.finditer(text)}
+
+
+def with_test_services(text: str) -> str:
+    """``text`` with the test services' addresses it names replaced by the run's own."""
+    return _SERVICE_URL.sub(lambda m: SERVICE_URLS[m[0]], text)
+
+
 def _remap(text: str, ports: Mapping[int, int]) -> str:
+    text = with_test_services(text)
     for page, real in ports.items():
         text = re.sub(rf"\b({_HOSTPORT}):{page}\b", rf"\g<1>:{real}", text)
         text = re.sub(rf"(--port[ =]){page}\b", rf"\g<1>{real}", text)

@@ -11,11 +11,23 @@ import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
+from ..conftest import AMQP_URL, POSTGRES_URL, REDIS_URL
 from ..e2e.servers import DemoServer
 from ..proxy.conftest import Backend
-from .harness import Service
+from .harness import Project, Service, services_named
 
-__all__ = ["SERVICES"]
+__all__ = ["SERVICES", "require_services"]
+
+#: The fixture that skips (or fails under CI=true) without each test service.
+_FIXTURES = {REDIS_URL: "redis_url", POSTGRES_URL: "postgres_url", AMQP_URL: "rabbitmq_url"}
+
+
+def require_services(request: pytest.FixtureRequest, project: Project) -> None:
+    """Skip (or fail, in CI) a project whose blocks name a test service that is not up."""
+    for url in services_named("\n".join(block.code for block in project.blocks)):
+        request.getfixturevalue(_FIXTURES[url])
 
 
 @contextlib.contextmanager

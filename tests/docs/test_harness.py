@@ -1,13 +1,16 @@
 """The docs harness's own rules: a runnable block is run or says why not, markers are strict,
-and the only rewrite of a page's text is its ports."""
+and the only rewrites of a page's text are its ports and the test services' addresses."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from .harness import DocsError, _remap, _server_port, parse_blocks, projects
+from ..conftest import POSTGRES_URL, REDIS_URL
+from .harness import DocsError, _remap, _server_port, parse_blocks, projects, user_environment
 
 
 def page(tmp_path: Path, text: str) -> Path:
@@ -76,7 +79,34 @@ def test_a_servers_port_is_found_or_its_default_added(
 
 
 def test_only_the_named_ports_are_rewritten() -> None:
-    text = "curl localhost:8000/x http://127.0.0.1:9000 redis://127.0.0.1:6379/0 :80001"
+    text = "curl localhost:8000/x http://127.0.0.1:9000 redis://127.0.0.1:6380/0 :80001"
     assert _remap(text, {8000: 41000, 9000: 42000}) == (
-        "curl localhost:41000/x http://127.0.0.1:42000 redis://127.0.0.1:6379/0 :80001"
+        "curl localhost:41000/x http://127.0.0.1:42000 redis://127.0.0.1:6380/0 :80001"
     )
+
+
+def test_the_test_services_addresses_become_the_runs_own() -> None:
+    text = (
+        'Redis("redis://localhost:6379/0?prefix=p:") postgresql://postgres@localhost:5432/test '
+        "redis://localhost:6379/01 postgresql://postgres@127.0.0.1:5432/tests"
+    )
+    assert _remap(text, {}) == (
+        f'Redis("{REDIS_URL}?prefix=p:") {POSTGRES_URL} '
+        "redis://localhost:6379/01 postgresql://postgres@127.0.0.1:5432/tests"
+    )
+
+
+def test_the_environment_points_the_pages_at_other_services() -> None:
+    env = {
+        **user_environment(),
+        "RETRYSAFE_TEST_REDIS_URL": "redis://127.0.0.1:6379/7",
+        "RETRYSAFE_TEST_POSTGRES_URL": "postgresql://app@127.0.0.1:5433/ci",
+    }
+    code = (
+        "from tests.docs.harness import with_test_services as w; "
+        "print(w('redis://127.0.0.1:6379/0 postgresql://postgres@127.0.0.1:5432/test'))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    )
+    assert done.stdout.split() == ["redis://127.0.0.1:6379/7", "postgresql://app@127.0.0.1:5433/ci"]

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from .harness import Project, parse_blocks, projects, run_project
-from .services import SERVICES
+from .services import SERVICES, require_services
 
 pytestmark = pytest.mark.e2e
 
@@ -50,7 +50,10 @@ def test_each_front_has_a_served_first_endpoint() -> None:
     PROJECTS,
     ids=[f"{page.relative_to(DOCS).with_suffix('').as_posix()}:{p.name}" for page, p in PROJECTS],
 )
-def test_the_page_runs_as_pasted(page: Path, project: Project, tmp_path: Path) -> None:
+def test_the_page_runs_as_pasted(
+    page: Path, project: Project, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    require_services(request, project)
     # The reader's shell has no settings of this test suite: run_project gives every command
     # the harness's user_environment().
     folder = tmp_path / project.name

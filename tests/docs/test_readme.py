@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from .harness import Project, ProjectRun, parse_blocks, projects, run_project
-from .services import SERVICES
+from .services import SERVICES, require_services
 
 pytestmark = pytest.mark.e2e
 
@@ -90,12 +90,30 @@ def test_every_install_line_names_real_extras() -> None:
 
 def test_the_readme_is_a_landing_page_that_speaks_to_users() -> None:
     text = README.read_text()
-    assert len(text.splitlines()) < 440
-    assert "- [Install](#install)" in text  # a table of contents
+    assert len(text.splitlines()) < 460
+    assert "- [Try it](#try-it) · [Install](#install)" in text  # a table of contents
     assert not re.search(r"\bissues?\b|work items?|targets? (is|are) missed", text, re.I)
     for link in re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", text):
         if not link.startswith("http"):
             assert (ROOT / link).exists(), link
+
+
+def test_the_first_screen_says_why_how_to_start_and_what_the_quotes_are() -> None:
+    first = "\n".join(README.read_text().splitlines()[:45])  # a screen and a half
+    why = first.split("\n\n", 2)[1]  # the opening paragraph: the problem a reader has
+    assert "retries" in why and "charged twice" in why
+    assert "make demo" in first and "make test" in first
+    assert "RFC 8941" in first and "bare token" in first
+
+
+def test_the_readme_says_what_the_test_suite_needs() -> None:
+    import tests.conftest
+
+    development = README.read_text().split("\n## Development\n", 1)[1]
+    assert "database `test`" in development and "Redis database 0" in development
+    source = Path(tests.conftest.__file__).read_text()
+    for variable in re.findall(r"RETRYSAFE_TEST_(\w+)_URL", source):
+        assert f"_{variable}_URL`" in development, variable
 
 
 def test_the_readme_links_the_sites_pages() -> None:
@@ -111,7 +129,10 @@ def test_the_readme_links_the_sites_pages() -> None:
 
 
 @pytest.mark.parametrize("project", PROJECTS, ids=[p.name for p in PROJECTS])
-def test_the_readme_project_runs_as_pasted(project: Project, tmp_path: Path) -> None:
+def test_the_readme_project_runs_as_pasted(
+    project: Project, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    require_services(request, project)
     folder = tmp_path / project.name
     folder.mkdir()
     bin_dir = Path(sys.executable).parent

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import httpx
 
-__all__ = ["DemoServer", "free_port"]
+__all__ = ["DemoServer", "free_port", "serving"]
 
 
 def free_port() -> int:
@@ -21,6 +23,35 @@ def free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
+
+
+@contextlib.contextmanager
+def serving(
+    argv: Sequence[str], *, cwd: Path, env: Mapping[str, str], log: Path, ready: str
+) -> Iterator[subprocess.Popen[bytes]]:
+    """Run a server process (its output in ``log``) until ``GET ready`` answers 200, yield it,
+    and stop it (SIGTERM, then SIGKILL after 15 s)."""
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            assert proc.poll() is None, log.read_text()
+            try:
+                if httpx.get(ready, timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.1)
+        yield proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
 
 
 class DemoServer:

@@ -66,6 +66,11 @@ MATRIX: dict[str, tuple[Path, str]] = {
     "dramatiq": (OWN, "dramatiq"),
     "aiohttp": (ROOT / "docs" / "getting-started" / "aiohttp.md", "aiohttp"),
     "grpc": (ROOT / "docs" / "guides" / "grpc.md", "grpc"),
+    "rq": (OWN, "rq"),
+    "arq": (OWN, "arq"),
+    "huey": (OWN, "huey"),
+    "taskiq": (OWN, "taskiq"),
+    "nats": (OWN, "nats"),
 }
 #: Extras whose project needs a service the test run provides (skip or fail as conftest says).
 NEEDS = {
@@ -75,6 +80,10 @@ NEEDS = {
     "amqp": "rabbitmq_url",
     "celery": "redis_url",
     "dramatiq": "redis_url",
+    "rq": "redis_url",
+    "arq": "redis_url",
+    "taskiq": "redis_url",
+    "nats": "nats_url",
 }
 THREADS = 3  # the machine has 2 cores, shared: installs mostly wait on the network and disk
 
@@ -227,7 +236,7 @@ def test_every_extra_a_user_installs_is_in_the_readme_table() -> None:
         "optional-dependencies"
     ]
     readme = (ROOT / "README.md").read_text()
-    install = readme[readme.index("## Install") : readme.index("## Try it")]
+    install = readme[readme.index("## Install") : readme.index("## FastAPI")]
     listed = {
         name
         for row in install.splitlines()

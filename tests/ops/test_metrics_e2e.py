@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import threading
 import time
@@ -14,7 +13,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from ..e2e.servers import free_port
+from ..e2e.servers import free_port, serving
 
 pytestmark = pytest.mark.e2e
 
@@ -29,49 +28,26 @@ def two_workers(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     multiproc.mkdir()
     port = free_port()
     env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(multiproc), "PYTHONUNBUFFERED": "1"}
-    log = open(tmp_path / "uvicorn.log", "wb")  # noqa: SIM115
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "uvicorn",
-            "--factory",
-            "retrysafe.demo.app:create_app",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--workers",
-            "2",
-            "--log-level",
-            "warning",
-        ],
-        cwd=tmp_path,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    log.close()
     url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            assert proc.poll() is None, (tmp_path / "uvicorn.log").read_text()
-            try:
-                if httpx.get(url + "/orders?limit=0", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, (tmp_path / "uvicorn.log").read_text()
-            time.sleep(0.1)
+    argv = [
+        sys.executable,
+        "-m",
+        "uvicorn",
+        "--factory",
+        "retrysafe.demo.app:create_app",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--workers",
+        "2",
+        "--log-level",
+        "warning",
+    ]
+    with serving(
+        argv, cwd=tmp_path, env=env, log=tmp_path / "uvicorn.log", ready=url + "/orders?limit=0"
+    ):
         yield url, multiproc
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
 
 
 def _scrape(url: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:

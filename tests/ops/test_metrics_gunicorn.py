@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -16,7 +15,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from ..e2e.servers import free_port
+from ..e2e.servers import free_port, serving
 
 pytestmark = pytest.mark.e2e
 
@@ -34,50 +33,27 @@ def gunicorn(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     (tmp_path / "gunicorn.conf.py").write_text(CONFIG)
     port = free_port()
     env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(multiproc), "PYTHONUNBUFFERED": "1"}
-    log = open(tmp_path / "gunicorn.log", "wb")  # noqa: SIM115
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "gunicorn",
-            "-c",
-            str(tmp_path / "gunicorn.conf.py"),
-            "-k",
-            "uvicorn.workers.UvicornWorker",
-            "-w",
-            "2",
-            "-b",
-            f"127.0.0.1:{port}",
-            "--graceful-timeout",
-            "2",
-            "retrysafe.demo.app:create_app()",
-        ],
-        cwd=tmp_path,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    log.close()
     url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            assert proc.poll() is None, (tmp_path / "gunicorn.log").read_text()
-            try:
-                if httpx.get(url + "/orders?limit=0", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, (tmp_path / "gunicorn.log").read_text()
-            time.sleep(0.1)
+    argv = [
+        sys.executable,
+        "-m",
+        "gunicorn",
+        "-c",
+        str(tmp_path / "gunicorn.conf.py"),
+        "-k",
+        "uvicorn.workers.UvicornWorker",
+        "-w",
+        "2",
+        "-b",
+        f"127.0.0.1:{port}",
+        "--graceful-timeout",
+        "2",
+        "retrysafe.demo.app:create_app()",
+    ]
+    with serving(
+        argv, cwd=tmp_path, env=env, log=tmp_path / "gunicorn.log", ready=url + "/orders?limit=0"
+    ):
         yield url, multiproc
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
 
 
 def _sample(url: str, name: str, **labels: str) -> float:

@@ -7,14 +7,42 @@ resolver works unchanged on every front.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 from urllib.parse import quote_from_bytes, unquote_to_bytes
 
-__all__ = ["Request", "content_length", "exact_path", "path_as_sent", "path_of_bytes"]
+__all__ = [
+    "Request",
+    "content_length",
+    "exact_path",
+    "normal_path",
+    "path_as_sent",
+    "path_of_bytes",
+]
 
-#: RFC 3986 ``pchar`` and ``/``, minus ``%``: what :func:`exact_path` leaves as it is.
-_PATH_SAFE = "/!$&'()*+,;=:@"
+#: RFC 3986 reserved characters (gen-delims and sub-delims): an escape of one is another path
+#: than the character (``a%2Fb`` is not ``a/b``), so it stays an escape.
+_RESERVED = frozenset(":/?#[]@!$&'()*+,;=")
+#: Printable ASCII but ``%``: written as itself in a normal path (the reserved characters where
+#: the client wrote them so, every other one always).
+_PRINTABLE = "".join(chr(b) for b in range(0x21, 0x7F) if b != 0x25)
+#: Each escaped byte in a normal path: the character itself for an unreserved one (RFC 3986
+#: 6.2.2.2) and for the other printable ASCII characters that are not reserved (``{``, ``|``:
+#: no URI may contain them, so no server gives their escape a meaning of its own); ``%XX`` in
+#: upper case for a reserved character, ``%``, space, a control and every byte past ASCII.
+_ESCAPED = tuple(
+    chr(b) if chr(b) in _PRINTABLE and chr(b) not in _RESERVED else f"%{b:02X}" for b in range(256)
+)
+#: An escape, or a ``%`` that begins none (``%zz``, ``%4``, a final ``%``).
+_ESCAPE = re.compile(r"%([0-9A-Fa-f]{2})?")
+
+
+def _normal_escape(match: re.Match[str]) -> str:
+    digits = match[1]
+    # A "%" that begins no escape is a percent sign, as servers decode it (Starlette, Werkzeug
+    # and urllib leave it in the path the app sees): the same path as "%25".
+    return "%25" if digits is None else _ESCAPED[int(digits, 16)]
 
 
 class Request:
@@ -135,11 +163,12 @@ def exact_path(decoded: str, raw: bytes | None = None) -> str:
     """The request path as a record identifies it: every distinction the application can see.
 
     A path in plain ASCII without ``%`` is itself (the common case; record ids unchanged). Any
-    other path is written percent-encoded, so that two paths stay two: the raw path an ASGI
-    server passes (``raw_path``: ``a%2Fb`` is not ``a/b``, and ``%FF`` is not ``%FE``, although
-    both decode to U+FFFD), else the UTF-8 bytes of the decoded path, percent-encoded. A raw
-    path that does not decode to the decoded one (a middleware rewrote ``path``) gives way to
-    the decoded path, which the application routes on.
+    other path is written in :func:`normal_path`'s form, so that two spellings of one path are
+    one (``/%6Frders`` is ``/orders``, ``%c3`` is ``%C3``) and two paths stay two: the raw path
+    an ASGI server passes (``raw_path``: ``a%2Fb`` is not ``a/b``, and ``%FF`` is not ``%FE``,
+    although both decode to U+FFFD), else the UTF-8 bytes of the decoded path. A raw path that
+    does not decode to the decoded one (a middleware rewrote ``path``) gives way to the decoded
+    path, which the application routes on.
 
     Args:
         decoded: the decoded path (ASGI ``scope["path"]``).
@@ -153,24 +182,45 @@ def exact_path(decoded: str, raw: bytes | None = None) -> str:
         and (b"%" in raw or not raw.isascii())
         and unquote_to_bytes(raw).decode("utf-8", "replace") == decoded
     ):
-        return raw.decode("latin-1")  # one character per byte: distinct raw paths stay so
+        return normal_path(raw)
     if decoded.isascii() and "%" not in decoded:
         return decoded
     return path_of_bytes(decoded.encode("utf-8", "surrogatepass"))
 
 
+def normal_path(raw: bytes) -> str:
+    """The RFC 3986 (6.2.2) normal form of a path as sent: one spelling per path.
+
+    An escaped unreserved character (ALPHA, DIGIT, ``-._~``) is the character (``/%6Frders`` is
+    ``/orders``), and so is an escaped printable character that is not reserved either (``%7B``
+    is ``{``); hex digits are upper case (``%c3%a9`` is ``%C3%A9``); an escaped reserved
+    character stays an escape (``/a%2Fb`` is not ``/a/b``), as do ``%25``, space, controls and
+    every byte past ASCII (``%FF`` is not ``%FE``). A ``%`` that begins no escape (``%zz``, a
+    final ``%``) is a percent sign, the same path as ``%25zz``: the path every server hands the
+    app for both. A space, control or non-ASCII byte sent unescaped is written escaped.
+
+    Args:
+        raw: the path as sent (ASGI ``scope["raw_path"]``), without the query.
+
+    Returns:
+        The path that enters the record id and the fingerprint; ``raw`` itself when it is plain
+        ASCII without ``%`` (the common case, no work).
+    """
+    if raw.isascii() and b"%" not in raw:
+        return raw.decode("ascii")
+    return _ESCAPE.sub(_normal_escape, quote_from_bytes(raw, safe=_PRINTABLE + "%"))
+
+
 def path_as_sent(path: str) -> str:
     """The record's path of a path written as a client sends it (``/caf%C3%A9``, ``/a%2Fb``;
     ``/café`` is taken as its UTF-8 bytes): what ``retrysafe inspect --path`` looks up."""
-    if path.isascii() and "%" not in path:
-        return path
-    raw = quote_from_bytes(path.encode("utf-8", "surrogatepass"), safe=_PATH_SAFE + "%")
-    return exact_path(unquote_to_bytes(raw).decode("utf-8", "replace"), raw.encode("ascii"))
+    return normal_path(path.encode("utf-8", "surrogatepass"))
 
 
 def path_of_bytes(data: bytes) -> str:
     """A decoded path given as its bytes (a WSGI ``PATH_INFO``), as :func:`exact_path` writes it:
-    itself when plain ASCII without ``%``, else percent-encoded (``/caf%C3%A9``, as on ASGI)."""
+    itself when plain ASCII without ``%``, else in :func:`normal_path`'s form (``/caf%C3%A9``,
+    as on ASGI; a ``%`` in it is a percent sign, ``%25``)."""
     if data.isascii() and b"%" not in data:
         return data.decode("ascii")
-    return quote_from_bytes(data, safe=_PATH_SAFE)
+    return normal_path(data.replace(b"%", b"%25"))
