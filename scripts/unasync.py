@@ -124,7 +124,7 @@ DEMO_HUB_RULES: Rules = [
     (r"^import asyncio$", "import time"),
     (r"\basyncio\.sleep\(", "time.sleep("),
     (
-        r"from \.\._core\.transaction import mark_committed, transaction",
+        r"from \.\. import mark_committed, transaction",
         "from ..wsgi import mark_committed, transaction",
     ),
     (r"scope: the request's ASGI scope", "scope: the request's WSGI environ"),

@@ -9,10 +9,9 @@ a silent success (Redis' ``purge`` and ``schema`` would otherwise touch nothing)
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from . import __version__
@@ -20,7 +19,8 @@ from ._core.config import IdempotencyConfig
 from ._core.errors import ConfigurationError, IdempotencyError
 from ._core.options import ConfigSource, boolean, read_options, seconds, suggestion
 from ._core.scope import authorization_scope
-from .stores import Store, store_from_url
+from .ops import commands as ops
+from .ops.records import target_record_id
 
 __all__ = ["main"]
 
@@ -38,64 +38,47 @@ _DEFAULTS = IdempotencyConfig()
 DEMO_FRAMEWORKS = ("starlette", "fastapi", "flask", "django")
 
 
-class _StoreFailed(Exception):
-    """A store could not be opened or used; carries the one line to print."""
-
-
-#: The extra that brings a store driver, for a store that imports its driver on first use.
-_DRIVER_EXTRAS = {
-    "psycopg": "postgres",
-    "psycopg_pool": "postgres",
-    "pymysql": "mysql",
-    "asyncmy": "mysql",
-    "redis": "redis",
-}
-
-
-def _reach(operation: Callable[..., object], *args: object) -> None:
-    """Run one store operation; a store error becomes the command's one-line failure."""
-    try:
-        operation(*args)
-    except IdempotencyError as exc:
-        raise _StoreFailed(f"cannot use the store: {exc}") from exc
-    except ImportError as exc:  # a driver imported on first use is not installed
-        extra = _DRIVER_EXTRAS.get((exc.name or "").partition(".")[0])
-        hint = f": pip install 'retrysafe[{extra}]'" if extra else ""
-        raise _StoreFailed(f"cannot use the store, a driver is missing ({exc}){hint}") from exc
-
-
-@contextlib.contextmanager
-def _open_store(url: str, *, probe: bool = True) -> Iterator[Store]:
-    """Build the store a URL names and make one round trip to it, closing it afterwards.
-
-    The round trip (a read of a key nobody uses) is what tells an unreachable server, a Redis
-    database that does not exist or a SQLite path that cannot be opened from a working store,
-    whichever command runs next. ``probe=False`` leaves it to the command (``schema apply``,
-    whose table may not exist yet).
-
-    Raises:
-        _StoreFailed: the URL is invalid or the store cannot be reached or used.
-    """
-    try:
-        store = store_from_url(url)
-    except (IdempotencyError, ValueError) as exc:
-        raise _StoreFailed(f"invalid store URL: {exc}") from exc
-    try:
-        if probe:
-            _reach(store.get, "retrysafe-cli-probe")
-        yield store
-    finally:
-        with contextlib.suppress(Exception):  # closing a store that never connected may fail
-            store.close()
-
-
-def _store_arg(parser: argparse.ArgumentParser, default: str | None = None) -> None:
+def _store_arg(parser: argparse.ArgumentParser) -> None:
+    # Not ``required``: $RETRYSAFE_STORE_URL gives it too, and usage must not say otherwise.
+    # A command run with neither fails in _store_url, naming both.
     parser.add_argument(
         "--store",
-        default=os.environ.get("RETRYSAFE_STORE_URL", default),
-        required=default is None and "RETRYSAFE_STORE_URL" not in os.environ,
-        help="store URL (default: $RETRYSAFE_STORE_URL)",
+        default=os.environ.get("RETRYSAFE_STORE_URL"),
+        help="store URL (default: $RETRYSAFE_STORE_URL; one of the two is needed)",
     )
+
+
+def _store_url(args: argparse.Namespace) -> str:
+    """The command's store URL.
+
+    Raises:
+        ConfigurationError: neither ``--store`` nor ``$RETRYSAFE_STORE_URL`` gives one.
+    """
+    url: str | None = args.store
+    if not url:
+        raise ConfigurationError(
+            f"{args.command}: no store: pass --store URL or set RETRYSAFE_STORE_URL",
+            option="--store",
+        )
+    return url
+
+
+def _store_command(
+    sub: Any, name: str, run: Callable[[argparse.Namespace], int], *, help: str, description: str
+) -> argparse.ArgumentParser:
+    """A subcommand on one store: ``--store`` and what it runs."""
+    parser: argparse.ArgumentParser = sub.add_parser(name, help=help, description=description)
+    _store_arg(parser)
+    parser.set_defaults(func=run)
+    return parser
+
+
+def _key_args(parser: argparse.ArgumentParser) -> None:
+    """The options that name one key: ``--key``, ``--method``, the target and the scope."""
+    parser.add_argument("--key", required=True, help=_KEY_HELP)
+    parser.add_argument("--method", default="POST", help=_METHOD_HELP)
+    _target_args(parser)
+    _scope_args(parser)
 
 
 _KEY_HELP = "the Idempotency-Key header's value as sent: '\"k1\"' (an sf-string) or k1"
@@ -136,6 +119,14 @@ def _demo(args: argparse.Namespace) -> int:
         {flag: value for flag, value in flags.items() if value is not None}, source=_FLAGS
     )
     args.ttl, args.lease = config.ttl, config.lease
+    try:
+        from .demo.charges import DEFAULT_BROKER
+        from .demo.domain import DEFAULT_STORE
+    except ImportError as exc:  # pragma: no cover - the demo's modules import no extra
+        print(f"retrysafe demo needs: pip install 'retrysafe[demo]' ({exc})", file=sys.stderr)
+        return 2
+    args.store = args.store or DEFAULT_STORE
+    args.broker = args.broker or DEFAULT_BROKER
     print(
         f"OrderHub ({args.framework}) on http://{args.host}:{args.port}/ (store {args.store})",
         flush=True,
@@ -239,6 +230,28 @@ def _proxy_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "max_connections": "upstream connection pool size per worker",
         "log_level": "uvicorn log level",
         "access_log": "uvicorn's access log, a line per request",
+        "conflict_wait": "with --on-conflict wait: the longest wait for the first request, seconds",
+        "on_store_error": "fail_closed: 503 + Retry-After when the store fails; fail_open: "
+        "forward the request unprotected (logged)",
+        "store_retry_after": "the Retry-After seconds of a 503 when the store fails",
+        "canonical_json": "fingerprint JSON bodies in canonical form (key order and white space "
+        "do not make another request)",
+        "release_statuses": "statuses that are not stored, so the key may be retried "
+        "(every 5xx is, unless --store-server-errors)",
+        "replay_header_denylist": "header names never stored or replayed",
+        "replay_header_allowlist": "when set, only these header names are stored and replayed",
+        "on_event": "module:function called as hook(event, details) for every outcome "
+        "(metrics, alerts); it must not block",
+        "problem_type_base": "prefix of the RFC 9457 type of the proxy's error answers",
+        "documentation_url": 'when set, error answers carry Link: <url>; rel="describedby"',
+        "detach_handler": "auto, always or never: forward in a task of its own, so a client "
+        "that disconnects cannot cancel it (auto: not under uvicorn, which never cancels)",
+        "replay_headers": "headers set to true on every replay (add Idempotent-Replayed for "
+        "Stripe's clients)",
+        "retention_header": "when set (e.g. Idempotency-Key-Expires), answers carry the HTTP "
+        "date until which retries with the key are deduplicated",
+        "adaptive_retry_after": "a 409's Retry-After says when the first request is likely done "
+        "(from how long the route's requests take), not when its lease ends",
     }
     for name, coerce in OPTIONS.items():
         value = default(name)
@@ -254,126 +267,74 @@ def _proxy_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     proxy.set_defaults(func=_proxy)
 
 
+def _show(report: ops.Report) -> int:
+    print(report.text, file=sys.stderr if report.error else sys.stdout)
+    return report.code
+
+
 def _purge(args: argparse.Namespace) -> int:
-    if args.dry_run:
-        return _purge_dry_run(args)
-    with _open_store(args.store) as store:
-        print(f"purged {store.purge_expired()} expired records")
-    return 0
-
-
-#: What ``retrysafe check`` writes, said in its help and in its output line.
-_CHECK_WRITES = (
-    "reserves a probe key and releases it again, so nothing stays behind but the records "
-    "table, which a SQL store creates if it is missing (as the app's first request would)"
-)
+    with ops.open_store(_store_url(args)) as store:
+        return _show(ops.purge(store, dry_run=args.dry_run))
 
 
 def _check(args: argparse.Namespace) -> int:
-    with _open_store(args.store) as store:
-        probe = "retrysafe-check:" + os.urandom(8).hex()
-        reservation = store.reserve(probe, "check", lease=5.0, ttl=10.0)
-        if reservation.token is None or not store.release(probe, reservation.token):
-            print("store answered, but a reserve/release round trip failed", file=sys.stderr)
-            return 1
-    print(
-        f"ok: {args.store.split('://')[0]} store reachable; a probe key was reserved and "
-        "released (its records table exists: created now if it was missing)"
-    )
-    return 0
+    url = _store_url(args)
+    with ops.open_store(url) as store:
+        return _show(ops.check(store, kind=ops.store_kind(url)))
 
 
 def _record_id(args: argparse.Namespace) -> str:
     """The record id ``--key`` names: of a request (``--path``, ``--method``, the scope) or of
     an idempotent function's call (``--function``)."""
-    from .ops.records import target_record_id
-
     return target_record_id(
         args.key, path=args.path, function=args.function, method=args.method, scope=_scope_of(args)
     )
 
 
 def _inspect(args: argparse.Namespace) -> int:
-    from .ops.records import describe
-
     rid = _record_id(args)
-    with _open_store(args.store) as store:
-        record = store.get(rid)
-    print("\n".join(describe(rid, record, function=args.function)))
-    return 0 if record is not None else 1
+    with ops.open_store(_store_url(args)) as store:
+        return _show(ops.inspect(store, rid, function=args.function))
 
 
 def _resolve(args: argparse.Namespace) -> int:
-    from .ops.records import resolve
-
     rid = _record_id(args)
-    with _open_store(args.store) as store:
-        deleted, message = resolve(store, rid, force=args.force, call=bool(args.function))
-    print(message)
-    return 0 if deleted else 1
+    with ops.open_store(_store_url(args)) as store:
+        return _show(ops.resolve(store, rid, force=args.force, call=bool(args.function)))
 
 
 def _schema(args: argparse.Namespace) -> int:
     # A store with tables is reached by creating them (the probe would read a table that may
     # not exist yet); one without (Redis) by the probe.
-    with _open_store(args.store, probe=False) as store:
-        ensure = getattr(store, "ensure_schema", None)
-        if ensure is not None:
-            _reach(ensure)
-        else:
-            _reach(store.get, "retrysafe-cli-probe")
-    print(f"schema ready in {args.store.split('://')[0]} store")
-    return 0
-
-
-def _purge_dry_run(args: argparse.Namespace) -> int:
-    from .ops.stats import store_stats
-
-    with _open_store(args.store) as store:
-        expired = store_stats(store).expired
-        by_itself = getattr(store, "expires_records", False)
-    if by_itself:
-        print("would purge 0 expired records (the store expires records by itself)")
-    else:
-        print(f"would purge {expired} expired records (dry run: nothing deleted)")
-    return 0
+    url = _store_url(args)
+    with ops.open_store(url, probe=False) as store:
+        return _show(ops.schema_apply(store, kind=ops.store_kind(url)))
 
 
 def _stats(args: argparse.Namespace) -> int:
-    import json
-
-    from .ops.stats import store_stats
-
-    with _open_store(args.store) as store:
-        stats = store_stats(store)
-    left = stats.oldest_in_progress_retention_left
     ttl = read_options({"--ttl": args.ttl}, _FLAGS, {"ttl": seconds})["ttl"].value
-    oldest = None if left is None else max(0.0, ttl - left)
-    if args.json:
-        print(json.dumps({**stats.as_dict(), "oldest_in_progress_age": oldest}, sort_keys=True))
-    else:
-        print(f"store: {args.store.split('://')[0]}")
-        print(f"completed: {stats.completed}")
-        print(
-            f"in progress: {stats.in_progress + stats.committed} ({stats.committed} with "
-            "effects committed)"
+    url = _store_url(args)
+    with ops.open_store(url) as store:
+        report = ops.stats(
+            store,
+            kind=ops.store_kind(url),
+            ttl=ttl,
+            as_json=args.json,
+            fail_on_unknown=args.fail_on_unknown,
         )
-        if oldest is None:
-            print("oldest in progress: none")
-        else:
-            print(f"oldest in progress: started {oldest:.0f} s ago (for --ttl {ttl:g})")
-        print(
-            f"outcome unknown: {stats.outcome_unknown}"
-            + (" (retrysafe inspect / resolve)" if stats.outcome_unknown else "")
-        )
-        print(f"lease lapsed (taken over on retry): {stats.lapsed}")
-        print(f"expired (retrysafe purge deletes them): {stats.expired}")
-    return 1 if args.fail_on_unknown and stats.outcome_unknown else 0
+    return _show(report)
 
 
 def _stats_parser(sub: Any) -> None:
-    stats = sub.add_parser("stats", help="count records by state (in progress, outcome unknown)")
-    _store_arg(stats)
+    stats = _store_command(
+        sub,
+        "stats",
+        _stats,
+        help="count records by state (in progress, outcome unknown)",
+        description="Count the store's records by state: completed, in progress (and how many "
+        "with effects committed), outcome unknown, lease lapsed, expired; and the age of the "
+        "oldest record in progress. With --fail-on-unknown, a monitoring check.",
+    )
     stats.add_argument(
         "--ttl",
         default=_DEFAULTS.ttl,
@@ -386,7 +347,6 @@ def _stats_parser(sub: Any) -> None:
         action="store_true",
         help="exit 1 when some key's outcome is unknown (for a monitoring check)",
     )
-    stats.set_defaults(func=_stats)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -399,13 +359,21 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"retrysafe {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    from .demo.charges import DEFAULT_BROKER  # imports neither a framework nor Celery
-    from .demo.domain import DEFAULT_STORE
-
-    demo = sub.add_parser("demo", help="serve the OrderHub demo")
-    demo.add_argument("--host", default="127.0.0.1")
-    demo.add_argument("--port", type=int, default=8000)
-    _store_arg(demo, DEFAULT_STORE)
+    # The demo's defaults are filled in by _demo: building the parser imports no demo module.
+    demo = sub.add_parser(
+        "demo",
+        help="serve the OrderHub demo",
+        description="Serve OrderHub, a small orders-and-payments API that shows retrysafe at "
+        "work, and its page at /, in the foreground until interrupted (with a Celery worker "
+        "that charges each payment, unless --no-worker).",
+    )
+    demo.add_argument("--host", default="127.0.0.1", help="the address to serve on")
+    demo.add_argument("--port", type=int, default=8000, help="the port to serve on")
+    demo.add_argument(
+        "--store",
+        default=os.environ.get("RETRYSAFE_STORE_URL"),
+        help="store URL (default: $RETRYSAFE_STORE_URL, else a SQLite file in the current folder)",
+    )
     demo.add_argument("--db", default=None, help="where orders live (default: the store's db)")
     demo.add_argument(
         "--ttl", help=f"retention, seconds or 30s/15m/2h/1d (default: {_DEFAULTS.ttl:g})"
@@ -414,10 +382,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--lease",
         help=f"lease, seconds (default: {_DEFAULTS.lease:g}, or --ttl when that is shorter)",
     )
-    demo.add_argument("--log-level", default="info")
+    demo.add_argument(
+        "--log-level", default="info", help="the web server's log level (debug, info, warning)"
+    )
     demo.add_argument(
         "--broker",
-        default=DEFAULT_BROKER,
         help="the Celery broker of the charge worker (default: a folder, no server)",
     )
     demo.add_argument(
@@ -430,49 +399,73 @@ def build_parser() -> argparse.ArgumentParser:
 
     _proxy_parser(sub)
 
-    purge = sub.add_parser("purge", help="delete expired records")
-    _store_arg(purge)
-    purge.add_argument("--dry-run", action="store_true", help="only count what would be deleted")
-    purge.set_defaults(func=_purge)
-
-    check = sub.add_parser(
-        "check",
-        help="check that a store is reachable and works",
-        description=f"Check that a store is reachable and works: {_CHECK_WRITES}.",
+    purge = _store_command(
+        sub,
+        "purge",
+        _purge,
+        help="delete expired records",
+        description="Delete the records whose retention (the app's ttl) has passed; a store that "
+        "expires records by itself (Redis) has none. Run it from cron or a scheduled job.",
     )
-    _store_arg(check)
-    check.set_defaults(func=_check)
-
-    inspect = sub.add_parser("inspect", help="show the record of one key")
-    _store_arg(inspect)
-    inspect.add_argument("--key", required=True, help=_KEY_HELP)
-    inspect.add_argument("--method", default="POST", help=_METHOD_HELP)
-    _target_args(inspect)
-    _scope_args(inspect)
-    inspect.set_defaults(func=_inspect)
-
-    resolve = sub.add_parser(
+    purge.add_argument("--dry-run", action="store_true", help="only count what would be deleted")
+    _store_command(
+        sub,
+        "check",
+        _check,
+        help="check that a store is reachable and works",
+        description=f"Check that a store is reachable and works: {ops.CHECK_WRITES}.",
+    )
+    _key_args(
+        _store_command(
+            sub,
+            "inspect",
+            _inspect,
+            help="show the record of one key",
+            description="Show what the store holds for one key: its state (in progress, "
+            "completed, outcome unknown), the lease left or the stored status and body size. "
+            "Name the key as the client sent the header, with the request's path, method and "
+            "scope, or with --function for an idempotent function's call. Exits 1 when there is "
+            "no record.",
+        )
+    )
+    resolve = _store_command(
+        sub,
         "resolve",
+        _resolve,
         help="delete the record of one key (e.g. an outcome-unknown key after checking that its "
         "effects did not happen), so the next request with it runs",
+        description="Delete the record of one key, so that the next request (or call) with it "
+        "runs the operation. Use it for a key whose outcome is unknown, after checking that its "
+        "effects did not happen. A completed record is kept unless --force: its stored "
+        "response is what every retry gets. Exits 1 when nothing was deleted.",
     )
-    _store_arg(resolve)
-    resolve.add_argument("--key", required=True, help=_KEY_HELP)
-    resolve.add_argument("--method", default="POST", help=_METHOD_HELP)
-    _target_args(resolve)
-    _scope_args(resolve)
+    _key_args(resolve)
     resolve.add_argument("--force", action="store_true", help="also delete a completed record")
-    resolve.set_defaults(func=_resolve)
-
-    schema = sub.add_parser("schema", help="create the store's tables")
-    schema.add_argument("action", choices=["apply"])
-    _store_arg(schema)
-    schema.set_defaults(func=_schema)
+    schema = _store_command(
+        sub,
+        "schema",
+        _schema,
+        help="create the store's tables",
+        description="schema apply: create the store's table and index now, where missing (a "
+        "SQL store otherwise creates them on first use): for a deployment step, or an app "
+        "whose database user may not create tables. A store without tables (Redis) is only "
+        "reached.",
+    )
+    schema.add_argument(
+        "action", choices=["apply"], help="apply: create what is missing, keep what exists"
+    )
     _stats_parser(sub)
     from .client._cli import add_request_arguments, run_request
 
     request = sub.add_parser(
-        "request", help="send one request with the retrying client (one key, safe retries)"
+        "request",
+        help="send one request with the retrying client (one key, safe retries)",
+        description="Send one HTTP request with an Idempotency-Key (a new one, --key, or the "
+        "one --operation keeps in --journal) and retry it safely on timeouts, lost connections, "
+        "502-504 and 409 in-progress answers, with the same key, until an answer, "
+        "--max-attempts or --deadline. Prints the status, whether it was a replay, the key and "
+        "the attempts, then the body. Exits 0 for 1xx-3xx, 1 for 4xx/5xx, 2 for bad arguments, "
+        "3 when no answer came.",
     )
     add_request_arguments(request)
     request.set_defaults(func=run_request)
@@ -487,7 +480,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if unknown:
             raise _unknown_arguments(parser, args, unknown)
         code: int = args.func(args)
-    except (_StoreFailed, IdempotencyError) as exc:
+    except (ops.OperatorError, IdempotencyError) as exc:
         _fail(str(exc))
         return 2
     return code

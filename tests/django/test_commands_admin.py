@@ -16,9 +16,11 @@ from django.core.management.base import CommandError
 from django.test import Client
 
 from retrysafe._core.keys import record_id
+from retrysafe.contrib.django.models import IdempotencyRecord
 from retrysafe.contrib.django.store import DjangoStore
 from retrysafe.stores._registry import schemes
 
+from ..e2e.servers import free_port
 from . import views
 from .conftest import Api
 
@@ -122,6 +124,17 @@ def test_purge_deletes_expired_records_only() -> None:
     assert "purged 2 expired records" in _run("retrysafe_purge")
     assert store.get("fresh") is not None
     assert "purged 0 expired records" in _run("retrysafe_purge")
+
+
+def test_check_tries_the_settings_store_and_fails_on_one_it_cannot_reach() -> None:
+    """``retrysafe_check`` (as ``retrysafe check`` and ``flask retrysafe check``): a probe key
+    reserved and released on the store of ``settings.RETRYSAFE``; an unreachable store is a
+    ``CommandError``."""
+    assert _run("retrysafe_check").startswith("ok: django store reachable")
+    assert not IdempotencyRecord.objects.exists()  # the probe key was released
+    dead = f"redis://127.0.0.1:{free_port()}/0"
+    with pytest.raises(CommandError, match="onnect"):
+        _run("retrysafe_check", "--store", dead)
 
 
 def test_a_bad_store_fails_with_one_clear_line_and_exit_status_1(tmp_path: Path) -> None:

@@ -532,11 +532,10 @@ class Operation(Generic[V]):
         # Whatever the store answers, the effect has happened: from now on this operation never
         # releases its key (a failure ends in "outcome unknown", never in a rerun).
         self.committed = True
-        try:
-            return bool((yield MARK_COMMITTED, self.config.lease))
-        except StoreError as exc:
-            logger.error("could not mark %s committed: %s", self.record_id[:12], exc)
-            return False
+        marked = yield from self._logged(
+            MARK_COMMITTED, self.config.lease, "could not mark {} committed"
+        )
+        return bool(marked)
 
     def outcome_known(self) -> None:
         """The effect declared with :meth:`mark_committed` has a definite answer after all (the
@@ -558,41 +557,39 @@ class Operation(Generic[V]):
         if self.config.on_event is not None or event in LOG_LEVELS:
             yield EMIT, (event, extra) if extra else event
 
+    def _logged(self, op: str, argument: Any, failure: str) -> Steps:
+        """One store action whose failure is logged (``failure`` names it, ``{}`` the record)
+        and not raised: what it would have done happens anyway (a lease lapses, a connection
+        that failed is dropped). Returns the store's answer, ``None`` after a failure."""
+        try:
+            return (yield op, argument)
+        except StoreError as exc:
+            logger.error("%s: %s", failure.format(self.record_id[:12]), exc)
+            return None
+
     def _release(self) -> Steps:
         self.settling = True
-        try:
-            yield RELEASE, None
-        except StoreError as exc:
-            # The lease lapses on its own; the key is free again after it.
-            logger.error("could not release %s: %s", self.record_id[:12], exc)
+        # On failure the lease lapses on its own; the key is free again after it.
+        yield from self._logged(RELEASE, None, "could not release {}")
 
     def _declare_unknown(self) -> Steps:
         """The effects are committed but there is no outcome to store: keep the key, and let
         its lease lapse now, so retries get "outcome unknown" at once, never a second run."""
         yield from self._emit("outcome_unknown", phase="declared")
         self.settling = True
-        try:
-            # mark_committed, not renew: it also lands if the work's own mark never did.
-            yield MARK_COMMITTED, 0.0
-        except StoreError as exc:
-            # The lease lapses on its own; the record stays committed either way.
-            logger.error("could not end the lease of %s: %s", self.record_id[:12], exc)
+        # mark_committed, not renew: it also lands if the work's own mark never did. On
+        # failure the lease lapses on its own; the record stays committed either way.
+        yield from self._logged(MARK_COMMITTED, 0.0, "could not end the lease of {}")
 
     def _rollback_and_close(self) -> Steps:
-        try:
-            yield TX_ROLLBACK, None
-        except StoreError as exc:
-            logger.error("rollback of %s failed: %s", self.record_id[:12], exc)
+        yield from self._logged(TX_ROLLBACK, None, "rollback of {} failed")
         yield from self._close_transaction()
 
     def _close_transaction(self) -> Steps:
         if not self.in_tx:
             return
         self.in_tx = False
-        try:
-            yield TX_CLOSE, None
-        except StoreError as exc:
-            logger.error("closing the transaction of %s failed: %s", self.record_id[:12], exc)
+        yield from self._logged(TX_CLOSE, None, "closing the transaction of {} failed")
 
     def _lease_lost_at_completion(self) -> Steps:
         # The outcome was not stored: another operation took the key over (renewals failed for

@@ -25,12 +25,10 @@ an error per request.
 from __future__ import annotations
 
 import functools
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .. import cli as _cli
 from .. import wsgi as _wsgi
 from .._core.config import (
     OPTIONS,
@@ -40,9 +38,12 @@ from .._core.config import (
     config_from,
     front_store,
 )
-from .._core.errors import ConfigurationError
+from .._core.errors import ConfigurationError, IdempotencyError
 from .._core.options import ConfigSource, read_options
 from .._core.routes import idempotent, route_options
+from .._core.scope import authorization_scope
+from ..ops import commands as ops
+from ..ops.records import target_record_id
 from ..stores import Store, resolve_store
 
 try:
@@ -238,7 +239,8 @@ def mark_committed() -> bool:
     return _wsgi.mark_committed(request.environ)
 
 
-# ``flask retrysafe ...``: the ``retrysafe`` command's own functions, on the app's store.
+# ``flask retrysafe ...``: the operator commands of :mod:`retrysafe.ops.commands` (those of the
+# ``retrysafe`` command), on the app's store.
 cli = AppGroup(_EXTENSION, help="Idempotency records of this app's retrysafe store.")
 
 _store_option = click.option(
@@ -247,11 +249,11 @@ _store_option = click.option(
 
 
 def _key_options(command: Callable[..., Any]) -> Callable[..., Any]:
-    """Add the options that name one key; ``command`` receives them as ``key_args``, the
-    flags of ``retrysafe`` that name the same key."""
+    """Add the options that name one key; ``command`` receives the record id they name as
+    ``rid`` and the function's name (or ``None``) as ``function``."""
 
     @functools.wraps(command)
-    def with_key_args(
+    def with_record_id(
         *args: Any,
         key: str,
         path: str | None,
@@ -265,15 +267,17 @@ def _key_options(command: Callable[..., Any]) -> Callable[..., Any]:
             raise click.UsageError("pass --scope or --authorization, not both")
         if (path is None) == (function is None):
             raise click.UsageError("pass --path (a request's key) or --function (a call's key)")
-        target = (
-            ["--path", path, "--method", method] if path is not None else ["--function", function]
-        )
-        key_args = ["--key", key, *target]
-        if scope is not None:
-            key_args += ["--scope", scope]
         if authorization is not None:
-            key_args += ["--authorization", authorization]
-        return command(*args, key_args=key_args, **kwargs)
+            scope = authorization_scope(authorization)
+        rid = _operate(
+            target_record_id,
+            key,
+            path=path,
+            function=function,
+            method=method,
+            scope=scope or "",
+        )
+        return command(*args, rid=rid, function=function, **kwargs)
 
     for option in reversed(
         [
@@ -295,51 +299,71 @@ def _key_options(command: Callable[..., Any]) -> Callable[..., Any]:
             ),
         ]
     ):
-        with_key_args = option(with_key_args)
-    return with_key_args
+        with_record_id = option(with_record_id)
+    return with_record_id
 
 
-def _run(command: str, store_url: str | None, *args: str) -> None:
+def _operate(work: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Run ``work``; a store or setting that fails is one ``retrysafe:`` line, exit status 2
+    (as the ``retrysafe`` command says it)."""
+    try:
+        return work(*args, **kwargs)
+    except (ops.OperatorError, IdempotencyError) as exc:
+        click.echo("retrysafe: " + " ".join(str(exc).split()), err=True)
+        raise click.exceptions.Exit(2) from exc
+
+
+def _run(store_url: str | None, command: Callable[[Store, str], ops.Report]) -> None:
+    """Open the store (``--store``, else the app's store URL) and run one operator command on
+    it; ``command`` gets the store and its kind (``sqlite``...)."""
     if store_url is None:
-        state = Idempotency.state(current_app)
-        store_url = state.store_url
+        store_url = Idempotency.state(current_app).store_url
         if store_url is None:
             raise click.UsageError(
                 "the app's store was given as an object, not a URL: pass --store URL"
             )
-    code = _cli.main([command, "--store", store_url, *args])
-    sys.stdout.flush()
-    if code:
-        raise click.exceptions.Exit(code)
+    url = store_url
+
+    def work() -> ops.Report:
+        with ops.open_store(url) as store:
+            return command(store, ops.store_kind(url))
+
+    report: ops.Report = _operate(work)
+    click.echo(report.text, err=report.error)
+    if report.code:
+        raise click.exceptions.Exit(report.code)
 
 
 @cli.command("purge")
 @_store_option
 def _purge(store_url: str | None) -> None:
     """Delete expired records."""
-    _run("purge", store_url)
+    _run(store_url, lambda store, kind: ops.purge(store))
 
 
 @cli.command("check")
 @_store_option
 def _check(store_url: str | None) -> None:
     """Check that the store is reachable (a reserve/release round trip)."""
-    _run("check", store_url)
+    _run(store_url, lambda store, kind: ops.check(store, kind=kind))
 
 
 @cli.command("inspect")
 @_store_option
 @_key_options
-def _inspect(store_url: str | None, key_args: list[str]) -> None:
+def _inspect(store_url: str | None, rid: str, function: str | None) -> None:
     """Show the record of one key (exit 1 when there is none)."""
-    _run("inspect", store_url, *key_args)
+    _run(store_url, lambda store, kind: ops.inspect(store, rid, function=function))
 
 
 @cli.command("resolve")
 @_store_option
 @_key_options
 @click.option("--force", is_flag=True, help="also delete a completed record")
-def _resolve(store_url: str | None, key_args: list[str], force: bool) -> None:
+def _resolve(store_url: str | None, rid: str, function: str | None, force: bool) -> None:
     """Delete the record of one key (an outcome-unknown key, after checking its effects), so
     the next request or call with it runs."""
-    _run("resolve", store_url, *key_args, *(["--force"] if force else []))
+    _run(
+        store_url,
+        lambda store, kind: ops.resolve(store, rid, force=force, call=function is not None),
+    )

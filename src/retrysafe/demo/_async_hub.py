@@ -11,7 +11,7 @@ import asyncio
 from collections.abc import Mapping
 from typing import Any
 
-from .._core.transaction import mark_committed, transaction
+from .. import mark_committed, transaction
 from ._drivers import open_async_driver, record
 from .domain import KINDS, Kind, Knobs
 

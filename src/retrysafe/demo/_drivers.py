@@ -23,10 +23,11 @@ import asyncio
 import sqlite3
 import threading
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import parse_qs
 
-from .._core.errors import ConfigurationError, StoreUnavailableError
+from .. import ConfigurationError, StoreError, StoreUnavailableError
 from ..stores.sqlite import (
     DEFAULT_BUSY_TIMEOUT,
     SQLiteBusyError,
@@ -35,7 +36,7 @@ from ..stores.sqlite import (
     parse_sqlite_url,
     retry_while_busy,
 )
-from .domain import DatabaseUnavailable, Kind
+from .domain import ORDERS, PAYMENTS, DatabaseUnavailable, Kind
 
 __all__ = [
     "AsyncSQLite",
@@ -57,94 +58,73 @@ _POOL_SIZE = 4
 #: Serialises the CREATE TABLEs of several processes starting at once (an advisory lock id).
 _DDL_LOCK = 7206110
 
-_SQLITE_SCHEMA = """
-CREATE TABLE IF NOT EXISTS orderhub_orders (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    owner TEXT NOT NULL,
-    item TEXT NOT NULL,
-    quantity INTEGER NOT NULL,
-    created_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))
-);
-CREATE TABLE IF NOT EXISTS orderhub_payments (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    owner TEXT NOT NULL,
-    amount INTEGER NOT NULL,
-    currency TEXT NOT NULL,
-    created_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))
-);
-CREATE TABLE IF NOT EXISTS orderhub_charges (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    payment_id INTEGER NOT NULL,
-    flow TEXT NOT NULL,
-    amount INTEGER NOT NULL,
-    currency TEXT NOT NULL,
-    task_id TEXT NOT NULL,
-    created_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))
-);
-CREATE TABLE IF NOT EXISTS orderhub_charge_runs (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    payment_id INTEGER NOT NULL,
-    flow TEXT NOT NULL,
-    task_id TEXT NOT NULL,
-    pid INTEGER NOT NULL,
-    outcome TEXT NOT NULL,
-    started_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))
-);
-"""
+#: OrderHub's tables (``orderhub_<name>``): each column a client or the worker writes, by type,
+#: then the column stamped with the time of the insert (ISO 8601, UTC, milliseconds).
+_TABLES: dict[str, tuple[dict[str, type], str]] = {
+    ORDERS.name: ({"owner": str, **ORDERS.fields}, "created_at"),
+    PAYMENTS.name: ({"owner": str, **PAYMENTS.fields}, "created_at"),
+    "charges": (
+        {"payment_id": int, "flow": str, "amount": int, "currency": str, "task_id": str},
+        "created_at",
+    ),
+    "charge_runs": (
+        {"payment_id": int, "flow": str, "task_id": str, "pid": int, "outcome": str},
+        "started_at",
+    ),
+}
 
-_POSTGRES_SCHEMA = """
-CREATE TABLE IF NOT EXISTS {prefix}orderhub_orders (
-    id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    owner TEXT NOT NULL,
-    item TEXT NOT NULL,
-    quantity BIGINT NOT NULL,
-    created_at TEXT NOT NULL
-        DEFAULT to_char(clock_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"')
-);
-CREATE TABLE IF NOT EXISTS {prefix}orderhub_payments (
-    id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    owner TEXT NOT NULL,
-    amount BIGINT NOT NULL,
-    currency TEXT NOT NULL,
-    created_at TEXT NOT NULL
-        DEFAULT to_char(clock_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"')
-);
-CREATE TABLE IF NOT EXISTS {prefix}orderhub_charges (
-    id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    payment_id BIGINT NOT NULL,
-    flow TEXT NOT NULL,
-    amount BIGINT NOT NULL,
-    currency TEXT NOT NULL,
-    task_id TEXT NOT NULL,
-    created_at TEXT NOT NULL
-        DEFAULT to_char(clock_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"')
-);
-CREATE TABLE IF NOT EXISTS {prefix}orderhub_charge_runs (
-    id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    payment_id BIGINT NOT NULL,
-    flow TEXT NOT NULL,
-    task_id TEXT NOT NULL,
-    pid BIGINT NOT NULL,
-    outcome TEXT NOT NULL,
-    started_at TEXT NOT NULL
-        DEFAULT to_char(clock_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"')
-);
-"""
 
-_MYSQL_SCHEMA = [
-    f"CREATE TABLE IF NOT EXISTS orderhub_{name} (id BIGINT AUTO_INCREMENT PRIMARY KEY, "
-    f"{columns}, {stamp} VARCHAR(32) NOT NULL DEFAULT '') ENGINE = InnoDB"
-    for name, columns, stamp in (
-        ("orders", "owner TEXT NOT NULL, item TEXT NOT NULL, quantity BIGINT NOT NULL",
-         "created_at"),
-        ("payments", "owner TEXT NOT NULL, amount BIGINT NOT NULL, currency TEXT NOT NULL",
-         "created_at"),
-        ("charges", "payment_id BIGINT NOT NULL, flow TEXT NOT NULL, amount BIGINT NOT NULL, "
-         "currency TEXT NOT NULL, task_id TEXT NOT NULL", "created_at"),
-        ("charge_runs", "payment_id BIGINT NOT NULL, flow TEXT NOT NULL, task_id TEXT NOT NULL, "
-         "pid BIGINT NOT NULL, outcome TEXT NOT NULL", "started_at"),
-    )
-]  # fmt: skip
+@dataclass(frozen=True, slots=True)
+class _Dialect:
+    """What the ``CREATE TABLE`` of a table says differently in each SQL dialect."""
+
+    identity: str
+    integer: str
+    stamp: str
+    suffix: str = ""
+
+    def statements(self, prefix: str = "") -> list[str]:
+        """The statements that create every table that is missing (``prefix`` qualifies)."""
+        statements = []
+        for name, (columns, stamp) in _TABLES.items():
+            lines = [
+                f"id {self.identity}",
+                *(
+                    f"{column} {self.integer if kind is int else 'TEXT'} NOT NULL"
+                    for column, kind in columns.items()
+                ),
+                f"{stamp} {self.stamp}",
+            ]
+            body = ",\n    ".join(lines)
+            statements.append(
+                f"CREATE TABLE IF NOT EXISTS {prefix}orderhub_{name} (\n    {body}\n){self.suffix}"
+            )
+        return statements
+
+    def schema(self, prefix: str = "") -> str:
+        """:meth:`statements` as one script."""
+        return "".join(f"{statement};\n" for statement in self.statements(prefix))
+
+
+_SQLITE = _Dialect(
+    "INTEGER PRIMARY KEY AUTOINCREMENT",
+    "INTEGER",
+    "TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))",
+)
+_POSTGRES = _Dialect(
+    "BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY",
+    "BIGINT",
+    "TEXT NOT NULL DEFAULT "
+    "to_char(clock_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"')",
+)
+#: MySQL's stamp is written by each insert (a column default may not call UTC_TIMESTAMP there).
+_MYSQL = _Dialect(
+    "BIGINT AUTO_INCREMENT PRIMARY KEY",
+    "BIGINT",
+    "VARCHAR(32) NOT NULL DEFAULT ''",
+    " ENGINE = InnoDB",
+)
+_MYSQL_SCHEMA = _MYSQL.statements()
 #: MySQL's created_at (no RETURNING, and a column default may not call UTC_TIMESTAMP on MySQL).
 _MYSQL_NOW = "CONCAT(LEFT(DATE_FORMAT(UTC_TIMESTAMP(3), '%%Y-%%m-%%dT%%H:%%i:%%s.%%f'), 23), 'Z')"
 
@@ -243,7 +223,7 @@ class _SQLite:
             conn.execute(f"PRAGMA busy_timeout = {int(max(self.busy_timeout, 5.0) * 1000)}")
             conn.execute("PRAGMA journal_mode = WAL")
             conn.execute("PRAGMA synchronous = NORMAL")
-            conn.executescript(_SQLITE_SCHEMA)
+            conn.executescript(_SQLITE.schema())
             conn.execute(f"PRAGMA busy_timeout = {self._wait_ms()}")
             self._local.conn = conn
         return conn
@@ -338,7 +318,7 @@ class _Postgres:
         """The statements that create the tables, serialised across processes by a lock."""
         schema = [f'CREATE SCHEMA IF NOT EXISTS "{self._schema}"'] if self._schema else []
         lock = f"SELECT pg_advisory_xact_lock({_DDL_LOCK})"
-        return [*schema, "BEGIN", lock, _POSTGRES_SCHEMA.format(prefix=self.sql.prefix), "COMMIT"]
+        return [*schema, "BEGIN", lock, _POSTGRES.schema(self.sql.prefix), "COMMIT"]
 
 
 class Asyncpg(_Postgres):
@@ -373,29 +353,13 @@ class Asyncpg(_Postgres):
         return pool
 
     async def _pooled(self, work: Callable[[Any], Awaitable[T]]) -> T:
-        from ..stores.postgres._asyncpg import _asyncpg_error, _discard, _give_back, _never_sent
+        from ..stores.postgres.pooled import run_pooled
 
         pool = await self._get_pool()
-        for _ in range(_POOL_SIZE + 1):
-            try:
-                conn = await asyncio.wait_for(pool.acquire(), 10.0)
-            except Exception as exc:
-                error = _asyncpg_error(exc, established=False, what="connect")
-                raise DatabaseUnavailable(str(error), store="postgres") from exc
-            try:
-                return await work(conn)
-            except Exception as exc:
-                closed = conn.is_closed()
-                _discard(conn)
-                if _never_sent(exc):
-                    continue
-                error = _asyncpg_error(exc, established=True, what="statement", closed=closed)
-                if isinstance(error, StoreUnavailableError):
-                    raise DatabaseUnavailable(str(error), store="postgres") from exc
-                raise
-            finally:
-                await _give_back(pool, conn)
-        raise DatabaseUnavailable("no live connection to the order database", store="postgres")
+        try:
+            return await run_pooled(pool, work, attempts=_POOL_SIZE + 1)
+        except StoreError as exc:  # no connection, or the server went away
+            raise DatabaseUnavailable(str(exc), store="postgres") from exc
 
     async def run(
         self, sql: str, params: Sequence[Any] = (), *, conn: Any = None, write: bool = False
@@ -407,11 +371,11 @@ class Asyncpg(_Postgres):
         try:
             return await conn.fetch(sql, *params)  # type: ignore[no-any-return]
         except Exception as exc:
-            from ..stores.postgres._asyncpg import _asyncpg_error
+            from ..stores.postgres.pooled import store_error
 
             # The transaction's connection died under the handler: a store failure that the
             # middleware answers (503, the key released), told in plain words.
-            error = _asyncpg_error(exc, established=False, what="insert", closed=conn.is_closed())
+            error = store_error(exc, what="insert", closed=conn.is_closed())
             if isinstance(error, StoreUnavailableError):
                 raise error from exc
             raise

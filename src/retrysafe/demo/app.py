@@ -14,7 +14,7 @@ import json
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Unpack
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -23,8 +23,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
-from .._core.config import IdempotencyConfig
-from .._core.routes import idempotent
+from .. import IdempotencyConfig, idempotent
 from ..asgi import IdempotencyMiddleware
 from ..stores import AsyncStore, resolve_async_store
 from . import domain
@@ -76,26 +75,19 @@ class OrderHubSetup:
     page: bytes
     metrics: bool
 
+    @asynccontextmanager
+    async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
+        """The app's lifespan: on shutdown, close the data layer and the worker desk."""
+        yield
+        await self.hub.aclose()
+        await close_worker(app)
 
-def orderhub_setup(
-    *, store: str, db: str | None, ttl: float, lease: float, transactional: bool | None
-) -> OrderHubSetup:
-    """Resolve the store (a bad URL fails here, at start-up) and open the data layer.
 
-    Args:
-        store: the idempotency store URL.
-        db: where orders and payments live (``None``: :func:`~.domain.default_db_url`).
-        ttl: retention of completed records, seconds.
-        lease: lease of in-progress records, seconds.
-        transactional: commit each record with its stored response; ``None``: when the
-            records live in the store's own SQL database.
-    """
-    idempotency_store = resolve_async_store(store)
-    db_url = db or domain.default_db_url(store)
-    if transactional is None:
-        transactional = domain.same_database(store, db_url) and callable(
-            getattr(idempotency_store, "begin", None)
-        )
+def orderhub_setup(settings: domain.Settings) -> OrderHubSetup:
+    """Resolve the store (a bad URL fails here, at start-up) and open the data layer."""
+    idempotency_store = resolve_async_store(settings.store)
+    db_url = settings.db_url
+    transactional = settings.in_transaction(callable(getattr(idempotency_store, "begin", None)))
     hub = AsyncOrderHub(db_url, transactional=transactional)
     on_event = None
     metrics = _metrics()
@@ -103,9 +95,11 @@ def orderhub_setup(
         # Count every outcome and time every store call; GET /metrics serves them.
         wired = metrics.wire(idempotency_store)
         idempotency_store, on_event = wired["store"], wired["on_event"]
-    config = IdempotencyConfig(ttl=ttl, lease=lease, transactional=transactional, on_event=on_event)
+    config = IdempotencyConfig(
+        ttl=settings.ttl, lease=settings.lease, transactional=transactional, on_event=on_event
+    )
     return OrderHubSetup(
-        idempotency_store, config, hub, domain.page(store, db_url), metrics is not None
+        idempotency_store, config, hub, domain.page(settings.store, db_url), metrics is not None
     )
 
 
@@ -260,32 +254,19 @@ async def metrics(request: Request) -> Response:
     return Response(body, media_type=content_type)
 
 
-def create_app(
-    *,
-    store: str = domain.DEFAULT_STORE,
-    db: str | None = None,
-    ttl: float = 24 * 3600.0,
-    lease: float = 30.0,
-    transactional: bool | None = None,
-    worker: WorkerLink | None = None,
-) -> Starlette:
+def create_app(**options: Unpack[domain.OrderHubOptions]) -> Starlette:
     """Build OrderHub on Starlette.
 
     Args:
-        store: the idempotency store URL.
-        db: where orders and payments live (default: the store's database when it is SQL).
-        ttl: retention of completed records, seconds.
-        lease: lease of in-progress records, seconds.
-        transactional: commit orders together with the stored responses; by default on when
-            the orders live in the store's own SQL database.
-        worker: the Celery worker that charges payments (``retrysafe demo`` starts it): each
-            new payment is sent to it, and ``GET /charges``, ``POST /payments/<id>/charge``
-            and ``POST /worker/kill`` are served.
+        **options: the fields of :class:`~retrysafe.demo.domain.Settings` (store, db, ttl,
+            lease, transactional, worker).
 
     Returns:
         The ASGI app.
     """
-    setup = orderhub_setup(store=store, db=db, ttl=ttl, lease=lease, transactional=transactional)
+    settings = domain.Settings(**options)
+    worker = settings.worker
+    setup = orderhub_setup(settings)
     routes = [
         Route("/", index),
         Route("/orders", create_order, methods=["POST"]),
@@ -299,12 +280,6 @@ def create_app(
     if setup.metrics:
         routes.append(Route("/metrics", metrics, methods=["GET"]))
 
-    @asynccontextmanager
-    async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        yield
-        await setup.hub.aclose()
-        await close_worker(app)
-
     app = Starlette(
         routes=routes,
         # mypy cannot match a constructor with **options against Starlette's ParamSpec factory.
@@ -317,7 +292,7 @@ def create_app(
             domain.DatabaseUnavailable: _domain_error,
             HTTPException: _http_error,
         },
-        lifespan=lifespan,
+        lifespan=setup.lifespan,
     )
     app.state.orderhub = setup.hub
     add_worker(app, worker, setup.hub.url, setup.page)

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .._core.errors import ConfigurationError
+from .. import ConfigurationError
 from ._drivers import Psycopg, PyMySQL, SyncSQLite, open_driver, record
 from .domain import PAYMENTS, Problem, default_db_url, shown_url
 

@@ -20,10 +20,13 @@ import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from importlib import resources
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 from urllib.parse import urlsplit, urlunsplit
 
-from .._core.errors import StoreUnavailableError
+from .. import StoreUnavailableError
+
+if TYPE_CHECKING:
+    from .charges import WorkerLink
 
 __all__ = [
     "DEFAULT_STORE",
@@ -36,12 +39,15 @@ __all__ = [
     "DemoFailure",
     "Kind",
     "Knobs",
+    "OrderHubOptions",
     "Problem",
+    "Settings",
     "check_number",
     "check_text",
     "default_db_url",
     "describe_data",
     "location",
+    "options_of",
     "owner",
     "page",
     "parse_limit",
@@ -342,6 +348,61 @@ def same_database(store_url: str, db_url: str) -> bool:
     """Whether the orders live in the store's own SQL database (so transactional mode applies)."""
     base = _sql_base(store_url)
     return base is not None and base == _sql_base(db_url)
+
+
+class OrderHubOptions(TypedDict, total=False):
+    """The keyword arguments of every OrderHub's ``create_app`` (Starlette, FastAPI, Flask):
+    the fields of :class:`Settings`, each optional."""
+
+    store: str
+    db: str | None
+    ttl: float
+    lease: float
+    transactional: bool | None
+    worker: WorkerLink | None
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """What an OrderHub is built from (``retrysafe demo``'s flags).
+
+    Attributes:
+        store: the idempotency store URL.
+        db: where orders and payments live (``None``: :func:`default_db_url`).
+        ttl: retention of completed records, seconds.
+        lease: lease of in-progress records, seconds.
+        transactional: commit each record with its stored response; ``None``: when the
+            records live in the store's own SQL database (:func:`same_database`).
+        worker: the Celery worker that charges payments (``retrysafe demo`` starts it): each
+            new payment is sent to it, and its routes (``GET /charges``...) are served.
+    """
+
+    store: str = DEFAULT_STORE
+    db: str | None = None
+    ttl: float = 24 * 3600.0
+    lease: float = 30.0
+    transactional: bool | None = None
+    worker: WorkerLink | None = None
+
+    @property
+    def db_url(self) -> str:
+        """Where orders and payments live."""
+        return self.db or default_db_url(self.store)
+
+    def in_transaction(self, store_can_begin: bool = True) -> bool:
+        """Whether records commit with their stored responses: as given, else when they live
+        in the store's own SQL database (and the store can begin a transaction)."""
+        if self.transactional is not None:
+            return self.transactional
+        return same_database(self.store, self.db_url) and store_can_begin
+
+
+def options_of(args: Any, worker: WorkerLink | None = None) -> OrderHubOptions:
+    """The ``create_app`` arguments ``retrysafe demo``'s parsed flags give, and the link to
+    its worker."""
+    return OrderHubOptions(
+        store=args.store, db=args.db, ttl=args.ttl, lease=args.lease, worker=worker
+    )
 
 
 def _shown(url: str) -> str:

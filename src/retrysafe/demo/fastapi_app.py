@@ -14,9 +14,7 @@ JSON only under a JSON ``Content-Type``.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from typing import Annotated, Any
+from typing import Annotated, Any, Unpack
 
 from fastapi import Depends, FastAPI, Query, Request, Response, Security
 from fastapi.exceptions import RequestValidationError
@@ -32,13 +30,11 @@ from ._async_hub import AsyncOrderHub
 from .app import (
     add_worker,
     charge_new_payment,
-    close_worker,
     metrics,
     orderhub_setup,
     problem_response,
     reset_charges,
 )
-from .charges import WorkerLink
 
 __all__ = [
     "Order",
@@ -310,33 +306,21 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     return problem_response(domain.Problem(exc.status_code, title, title), exc.headers)
 
 
-def create_app(
-    *,
-    store: str = domain.DEFAULT_STORE,
-    db: str | None = None,
-    ttl: float = 24 * 3600.0,
-    lease: float = 30.0,
-    transactional: bool | None = None,
-    worker: WorkerLink | None = None,
-) -> FastAPI:
+def create_app(**options: Unpack[domain.OrderHubOptions]) -> FastAPI:
     """Build OrderHub on FastAPI (the arguments of :func:`retrysafe.demo.app.create_app`).
 
     Returns:
         The FastAPI app.
     """
-    setup = orderhub_setup(store=store, db=db, ttl=ttl, lease=lease, transactional=transactional)
-
-    @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        yield
-        await setup.hub.aclose()
-        await close_worker(app)
+    settings = domain.Settings(**options)
+    worker = settings.worker
+    setup = orderhub_setup(settings)
 
     app = FastAPI(
         title="OrderHub",
         version=__version__,
         summary="The retrysafe demo: orders and payments that are safe to retry.",
-        lifespan=lifespan,
+        lifespan=setup.lifespan,
         exception_handlers={
             domain.Problem: _domain_error,
             domain.DemoFailure: _domain_error,

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import Any
+from typing import Any, Unpack
 
 from flask import Blueprint, Flask, Response, current_app, jsonify, request
 from werkzeug.exceptions import HTTPException
@@ -155,17 +155,9 @@ def http_error(exc: HTTPException) -> Response:
     return _problem(domain.Problem(exc.code or 500, exc.name, exc.description or exc.name))
 
 
-def create_app(
-    *,
-    store: str = domain.DEFAULT_STORE,
-    db: str | None = None,
-    ttl: float = 24 * 3600.0,
-    lease: float = 30.0,
-    transactional: bool | None = None,
-    worker: WorkerLink | None = None,
-) -> Flask:
-    """Build OrderHub on Flask (the arguments of every OrderHub's ``create_app``: the store URL,
-    the ``--db`` URL, ``ttl`` and ``lease`` seconds, transactional mode or the default).
+def create_app(**options: Unpack[domain.OrderHubOptions]) -> Flask:
+    """Build OrderHub on Flask (the arguments of every OrderHub's ``create_app``: the fields of
+    :class:`~retrysafe.demo.domain.Settings`).
 
     With ``worker`` (the Celery worker ``retrysafe demo`` starts), each new payment is sent to
     it and ``app.extensions["orderhub_worker"]`` serves the worker's routes.
@@ -174,13 +166,13 @@ def create_app(
         The Flask app (``app.extensions["retrysafe"]`` holds the store,
         ``app.extensions["orderhub"]`` the data layer).
     """
-    db_url = db or domain.default_db_url(store)
-    if transactional is None:
-        transactional = domain.same_database(store, db_url)
+    settings = domain.Settings(**options)
+    store, db_url, worker = settings.store, settings.db_url, settings.worker
+    transactional = settings.in_transaction()
     app = Flask(__name__)
     app.config.update(
-        RETRYSAFE_TTL=ttl,
-        RETRYSAFE_LEASE=lease,
+        RETRYSAFE_TTL=settings.ttl,
+        RETRYSAFE_LEASE=settings.lease,
         ORDERHUB_PAGE=WorkerDesk.page(domain.page(store, db_url), worker is not None),
     )
     Idempotency(app, store=store, transactional=transactional)
@@ -217,9 +209,7 @@ def _gunicorn_app(args: argparse.Namespace, worker: WorkerLink | None) -> Any:
                 self.cfg.set(name, value)
 
         def load(self) -> Flask:
-            return create_app(
-                store=args.store, db=args.db, ttl=args.ttl, lease=args.lease, worker=worker
-            )
+            return create_app(**domain.options_of(args, worker))
 
     return OrderHubServer()
 
@@ -236,7 +226,7 @@ def serve(args: argparse.Namespace) -> None:
     from .serve import worker, worker_link
 
     link = worker_link(args)
-    probe = create_app(store=args.store, db=args.db, ttl=args.ttl, lease=args.lease, worker=link)
+    probe = create_app(**domain.options_of(args, link))
     probe.extensions["orderhub"].close()
     if link is not None:
         probe.extensions["orderhub_worker"].close()

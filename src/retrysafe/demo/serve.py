@@ -12,8 +12,9 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from importlib import import_module
 
-from .._core.errors import ConfigurationError
+from .. import ConfigurationError
 from .charges import WorkerLink, run_worker
+from .domain import options_of
 
 __all__ = ["SERVERS", "WORKER_FRAMEWORKS", "serve_asgi", "worker", "worker_link"]
 
@@ -60,9 +61,8 @@ def serve_asgi(args: argparse.Namespace, module: str) -> None:
 
     create_app = import_module(f"retrysafe.demo.{module}").create_app
     link = worker_link(args)
-    options = {} if link is None else {"worker": link}
     try:
-        app = create_app(store=args.store, db=args.db, ttl=args.ttl, lease=args.lease, **options)
+        app = create_app(**options_of(args, link))
     except ValueError as exc:  # a driver's own URL parsing (e.g. redis-py's options)
         raise ConfigurationError(f"invalid store URL: {exc}") from exc
     with worker(args, link):  # started once the app's settings are known to be good

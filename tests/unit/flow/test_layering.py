@@ -10,37 +10,14 @@ loads the shells and stores.
 
 from __future__ import annotations
 
-import ast
 from collections.abc import Iterable
-from pathlib import Path
 
 import pytest
 
-import retrysafe
+from ..imports import MODULES, PACKAGE, closure, imports_of
 
-PACKAGE = "retrysafe"
-ROOT = Path(retrysafe.__file__).parent
 CORE = f"{PACKAGE}._core"
-
-
-def _core_modules() -> frozenset[str]:
-    found = set()
-    for path in (ROOT / "_core").rglob("*.py"):
-        parts = path.relative_to(ROOT).with_suffix("").parts
-        if parts[-1] == "__init__":
-            parts = parts[:-1]
-        found.add(".".join((PACKAGE, *parts)))
-    return frozenset(found)
-
-
-CORE_MODULES = _core_modules()
-
-#: Every source of the package, parsed once when this module is collected: CPython 3.11.7's
-#: ``ast.parse`` can fail with "AST constructor recursion depth mismatch" after an unrelated test
-#: left the interpreter's recursion counter off (gh-106905), so no parse waits for the tests.
-_TREES = {
-    path: ast.parse(path.read_text(encoding="utf-8"), str(path)) for path in ROOT.rglob("*.py")
-}
+CORE_MODULES = frozenset(m for m in MODULES if m == CORE or m.startswith(CORE + "."))
 
 FORBIDDEN_EXTERNAL = frozenset(
     {
@@ -64,69 +41,15 @@ FORBIDDEN_EXTERNAL = frozenset(
 )
 
 
-def _path(module: str) -> Path | None:
-    """The source file of a package module, or ``None`` when there is none."""
-    parts = module.split(".")[1:]
-    base = ROOT.joinpath(*parts)
-    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
-        if candidate.is_file():
-            return candidate
-    return None
-
-
 def _imports(module: str) -> tuple[set[str], set[str]]:
     """``(package modules, top-level external names)`` that ``module``'s source imports."""
-    path = _path(module)
-    assert path is not None, f"no source for {module}"
-    is_package = path.name == "__init__.py"
-    package = module if is_package else module.rpartition(".")[0]
-    internal: set[str] = set()
-    external: set[str] = set()
-
-    def add(name: str, names: Iterable[str] = ()) -> None:
-        if name != PACKAGE and not name.startswith(PACKAGE + "."):
-            external.add(name.partition(".")[0])
-            return
-        found_submodule = False
-        for alias in names:  # ``from .stores import _base`` imports the module ``_base``
-            if alias != "*" and _path(f"{name}.{alias}") is not None:
-                internal.add(f"{name}.{alias}")
-                found_submodule = True
-        if not found_submodule:
-            internal.add(name)
-
-    for node in ast.walk(
-        _TREES.get(path) or ast.parse(path.read_text(encoding="utf-8"), str(path))
-    ):
-        if isinstance(node, ast.Import):
-            for alias in node.names:
-                add(alias.name)
-        elif isinstance(node, ast.ImportFrom):
-            names = [alias.name for alias in node.names]
-            if node.level == 0:
-                assert node.module is not None
-                if node.module != "__future__":
-                    add(node.module, names)
-                continue
-            base = package.split(".")
-            if node.level > 1:
-                base = base[: -(node.level - 1)]
-            target = ".".join(base + ([node.module] if node.module else []))
-            add(target, names)
-    return internal, external
+    found = imports_of(module)
+    return {i.target for i in found if i.internal}, {i.target for i in found if not i.internal}
 
 
 def _closure(start: Iterable[str]) -> dict[str, tuple[set[str], set[str]]]:
     """Every package module reachable from ``start``, with what each imports."""
-    seen: dict[str, tuple[set[str], set[str]]] = {}
-    todo = list(start)
-    while todo:
-        module = todo.pop()
-        if module in seen:
-            continue
-        seen[module] = _imports(module)
-        todo.extend(m for m in seen[module][0] if _path(m) is not None)
-    return seen
+    return {module: _imports(module) for module in closure(start)}
 
 
 @pytest.mark.parametrize("module", sorted(CORE_MODULES))

@@ -1,7 +1,8 @@
-"""What the retrysafe management commands share: the store from ``settings.RETRYSAFE`` and the
-record id of a key: a request's (``--path``, ``--method``, its principal from ``--user``,
-``--authorization`` or ``--scope``) or an idempotent function's call (``--function``), named as
-``retrysafe inspect`` names it."""
+"""What the retrysafe management commands share: the store from ``settings.RETRYSAFE``, the
+operator commands of :mod:`retrysafe.ops.commands` (those of the ``retrysafe`` command and of
+``flask retrysafe``) and the record id of a key: a request's (``--path``, ``--method``, its
+principal from ``--user``, ``--authorization`` or ``--scope``) or an idempotent function's call
+(``--function``), named as ``retrysafe inspect`` names it."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from ...._core.errors import IdempotencyError
 from ...._core.scope import authorization_scope
+from ....ops import commands as ops
 from ....ops.records import target_record_id
 from ....stores import Store
 from ..conf import load_settings
@@ -24,26 +26,40 @@ class StoreCommand(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--store", help="a store URL (default: settings.RETRYSAFE['STORE'])")
 
+    def store_setting(self, options: dict[str, Any]) -> Any:
+        """The store as given: ``--store``, else ``settings.RETRYSAFE["STORE"]`` (a URL or a
+        store)."""
+        return options["store"] or load_settings().store
+
     def store(self, options: dict[str, Any]) -> Store:
         """The store to work on."""
         from ..middleware import sync_store
 
         try:
-            return sync_store(options["store"] or load_settings().store)
+            return sync_store(self.store_setting(options))
         except IdempotencyError as exc:
             raise CommandError(str(exc)) from exc
+
+    def kind(self, options: dict[str, Any]) -> str:
+        """What the output calls the store: its URL's scheme (``django``, ``sqlite``...), or
+        its class for a store object."""
+        given = self.store_setting(options)
+        return ops.store_kind(given) if isinstance(given, str) else type(given).__name__
 
     def handle(self, *args: Any, **options: Any) -> None:
         store = self.store(options)
         try:
-            self.run(store, options)
-        except IdempotencyError as exc:
+            report = self.run(store, options)
+        except (IdempotencyError, ops.OperatorError) as exc:
             raise CommandError(str(exc)) from exc
         finally:
             store.close()
+        if report.code:  # Django's way to say it: the text on stderr, exit status 1
+            raise CommandError(report.text)
+        self.stdout.write(report.text)
 
-    def run(self, store: Store, options: dict[str, Any]) -> None:
-        """The command's work."""
+    def run(self, store: Store, options: dict[str, Any]) -> ops.Report:
+        """The command's work: one of :mod:`retrysafe.ops.commands`."""
         raise NotImplementedError
 
 

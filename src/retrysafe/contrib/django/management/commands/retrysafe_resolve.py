@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import CommandError, CommandParser
+from django.core.management.base import CommandParser
 
 from retrysafe.stores import Store
 
-from .....ops.records import resolve
+from .....ops import commands as ops
 from ..base import KeyCommand
 
 
@@ -21,11 +21,6 @@ class Command(KeyCommand):
         super().add_arguments(parser)
         parser.add_argument("--force", action="store_true", help="also delete a stored response")
 
-    def run(self, store: Store, options: dict[str, Any]) -> None:
+    def run(self, store: Store, options: dict[str, Any]) -> ops.Report:
         rid = self.record_id(options)
-        deleted, message = resolve(
-            store, rid, force=options["force"], call=options["function"] is not None
-        )
-        if not deleted:
-            raise CommandError(message)
-        self.stdout.write(message)
+        return ops.resolve(store, rid, force=options["force"], call=options["function"] is not None)
