@@ -96,7 +96,7 @@ def _inserting(
     else:
 
         def charge_sync(order_id: str) -> str:
-            mark = "?" if sqlite else "$1"  # psycopg's RawCursor: PostgreSQL's own placeholders
+            mark = "?" if sqlite else "%s"  # a psycopg connection like any: psycopg's placeholders
             functions.transaction().execute(f"INSERT INTO {table} (k) VALUES ({mark})", (order_id,))
             if raising is not None:
                 raise raising
@@ -174,6 +174,32 @@ async def test_a_call_that_never_asks_for_the_connection_completes_plainly(
         assert await face.call(fn, 4) == await face.call(fn, 4) == 16
     finally:
         await face.close(fn)
+
+
+@pytest.mark.parametrize("sql_store", [pytest.param("postgres", id="postgres")], indirect=True)
+async def test_the_sync_connection_handed_out_is_a_plain_psycopg_connection(
+    sql_store: StoreURL, effects: Effects
+) -> None:
+    """Code written for psycopg runs on ``transaction()``'s connection as written: ``%s`` and
+    ``%(name)s`` placeholders, ``%%`` for a percent sign (the store's own statements still run
+    on it, in the same transaction)."""
+    face = Face("sync")
+
+    def charge(order_id: str) -> str:
+        conn = functions.transaction()
+        conn.execute(f"INSERT INTO {effects.table} (k) VALUES (%s)", (order_id,))
+        with conn.cursor() as cur:
+            cur.execute("SELECT %(k)s || '%%'", {"k": order_id})
+            row = cur.fetchone()
+        return str(row[0])
+
+    fn = face.define(charge, store=sql_store.url, key="order_id", transactional=True)
+    try:
+        assert await face.call(fn, "o-1") == "o-1%"
+        assert await face.call(fn, "o-1") == "o-1%"  # replayed: the insert ran once
+    finally:
+        await face.close(fn)
+    assert effects.count("o-1") == 1
 
 
 @pytest.mark.parametrize("sql_store", [pytest.param("postgres", id="postgres")], indirect=True)

@@ -119,8 +119,8 @@ def hold(url: str, face: str, key: str, ready: str, commit: bool) -> None:
 
 def tx(url: str, face: str, key: str, ready: str, table: str) -> None:
     sqlite = url.startswith("sqlite")
-    # The PostgreSQL store's psycopg connections use PostgreSQL's own $1 placeholders.
-    insert = f"INSERT INTO {table} (k) VALUES ({'?' if sqlite else '$1'})"
+    # psycopg's own placeholders on the sync face; the async face's asyncpg takes $1 (below).
+    insert = f"INSERT INTO {table} (k) VALUES ({'?' if sqlite else '%s'})"
     if face == "async":
 
         async def charge(order_id: str) -> str:
@@ -184,7 +184,7 @@ def pause(url: str, face: str, key: str, ready: str, lease: float, table: str) -
 
         def charge_sync(order_id: str) -> str:
             if table:
-                mark = "?" if sqlite else "$1"
+                mark = "?" if sqlite else "%s"
                 functions.transaction().execute(f"INSERT INTO {table} (k) VALUES ({mark})", (key,))
             _mark(ready, "running")
             time.sleep(3.0)
