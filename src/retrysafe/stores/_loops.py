@@ -10,12 +10,12 @@ A loop closed without that step leaves its resource open: it is dropped, never u
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 
 __all__ = ["close_with_loop"]
 
 
-async def _until_loop_ends(close: Callable[[], Awaitable[None]]) -> AsyncIterator[None]:
+async def _until_loop_ends(close: Callable[[], Awaitable[None]]) -> AsyncGenerator[None, None]:
     try:
         yield
     finally:
