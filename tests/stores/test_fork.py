@@ -248,3 +248,46 @@ def test_one_store_object_serves_several_event_loops(
         assert face.run(check(["loop1", "loop2"], shared="s")) == {"bad": [], "shared": "loop1"}
     finally:
         face.close()
+
+
+@pytest.mark.parametrize("is_async", [False, True], ids=["sync", "async"])
+def test_a_forked_child_never_touches_its_parents_sqlite_connections(
+    tmp_path: Path, is_async: bool
+) -> None:
+    """SQLite's rule (never carry a connection across ``fork``): the child's statements and
+    transactions run on connections it opened itself, whatever the parent had open."""
+    face = Face(f"sqlite:///{tmp_path}/fork.db", is_async)
+    sync = face.store.sync if is_async else face.store
+    assert face.run(use("parent", shared="s")) == {"won": True, "bad": []}
+    if is_async:
+        # A transaction's connection goes back to the async face's idle list.
+        async def transact() -> None:
+            tx = face.store.begin()
+            await tx.connection()
+            await tx.close()
+
+        asyncio.run(transact())
+    parents = {id(conn) for conn in sync._connections}
+    assert parents
+    read, write = os.pipe()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child reports through the pipe
+        try:
+            ok = face.run(use("child", shared="s"))["bad"] == []
+            tx = sync.begin()
+            ok = ok and id(tx.connection()) not in parents
+            tx.close()
+            ok = ok and {id(conn) for conn in sync._connections}.isdisjoint(parents)
+            ok = ok and not (is_async and face.store._idle)
+            os.write(write, b"1" if ok else b"0")
+        finally:
+            os._exit(0)
+    os.close(write)
+    answer = os.read(read, 1)
+    os.waitpid(pid, 0)
+    os.close(read)
+    assert answer == b"1"
+    assert face.run(check(["parent", "child"], shared="s")) == {"bad": [], "shared": "parent"}
+    face.close()
