@@ -6,6 +6,7 @@ after it returned) leaves both (the retry replays) or neither (the retry runs), 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import signal
 import sqlite3
@@ -49,7 +50,7 @@ class Effects:
         if store.id == "sqlite":
             self.path = store.url.removeprefix("sqlite:///")
             self.table = "effects"
-            with sqlite3.connect(self.path) as conn:
+            with contextlib.closing(sqlite3.connect(self.path)) as conn:
                 conn.execute("CREATE TABLE IF NOT EXISTS effects (k TEXT NOT NULL)")
         else:
             schema = store.url.split("table=", 1)[1].split(".", 1)[0].split("&", 1)[0]
@@ -59,7 +60,7 @@ class Effects:
 
     def count(self, key: str) -> int:
         if self.store.id == "sqlite":
-            with sqlite3.connect(self.path) as conn:
+            with contextlib.closing(sqlite3.connect(self.path)) as conn:
                 row = conn.execute("SELECT count(*) FROM effects WHERE k = ?", (key,)).fetchone()
         else:
             with admin_connect(self.store.url) as conn:
