@@ -94,6 +94,9 @@ class SQLiteStore:
             conn = sqlite3.connect(
                 self.path, isolation_level=None, check_same_thread=False, timeout=0
             )
+        except sqlite3.Error as exc:
+            raise store_error("open", exc) from exc
+        try:
             conn.execute(f"PRAGMA busy_timeout = {self._busy_ms}")
             if self.path != ":memory:":
                 self._use_wal(conn)
@@ -104,6 +107,7 @@ class SQLiteStore:
                     conn.execute(self._q["create_index"])
                     self._schema_ready = True
         except sqlite3.Error as exc:
+            conn.close()  # not a database, read-only, locked: never left for the collector
             raise store_error("open", exc) from exc
         self._connections.append(conn)
         return conn
