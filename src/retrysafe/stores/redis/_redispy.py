@@ -123,7 +123,28 @@ def async_cluster(parsed: ClusterURL) -> Any:
     return RedisCluster(startup_nodes=nodes, **extra, **_cluster_kwargs(parsed))
 
 
-class LoopCluster:
+class _ClusterProxy:
+    """A cluster client built when first needed (by :meth:`_get`), standing in for it."""
+
+    #: Read by the store's client check; answered here so the check does not connect.
+    connection_pool = None
+
+    def __init__(self, parsed: ClusterURL) -> None:
+        self._parsed = parsed
+        self._client: Any = None
+        reset_after_fork(self)
+
+    def _after_fork(self) -> None:
+        raise NotImplementedError
+
+    def _get(self) -> Any:
+        raise NotImplementedError
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._get(), name)
+
+
+class LoopCluster(_ClusterProxy):
     """One ``redis.asyncio.RedisCluster`` per event loop (a client is bound to the loop it first
     ran in): built on first use in a loop, closed when that loop ends
     (:mod:`retrysafe.stores._loops`), dropped in a forked child.
@@ -132,16 +153,11 @@ class LoopCluster:
         parsed: the cluster's URL.
     """
 
-    #: Read by the store's client check; answered here so the check does not connect.
-    connection_pool = None
-
     def __init__(self, parsed: ClusterURL) -> None:
-        self._parsed = parsed
-        self._client: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._guard: Any = None
         self._starting: asyncio.Task[None] | None = None  # registers the loop-end close
-        reset_after_fork(self)
+        super().__init__(parsed)
 
     def _after_fork(self) -> None:
         """In a forked child: the parent's client is never used (its sockets are shared)."""
@@ -165,9 +181,6 @@ class LoopCluster:
             self._client = self._loop = self._guard = None
         await client.aclose()
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._get(), name)
-
     async def aclose(self) -> None:
         """Close this loop's client now (a later call builds a new one)."""
         if self._loop is not asyncio.get_running_loop():
@@ -180,7 +193,7 @@ class LoopCluster:
             await client.aclose()
 
 
-class LazyCluster:
+class LazyCluster(_ClusterProxy):
     """A ``redis.cluster.RedisCluster`` built on first use.
 
     The sync cluster client connects and reads the slot map in its constructor; built lazily,
@@ -192,14 +205,9 @@ class LazyCluster:
         parsed: the cluster's URL.
     """
 
-    #: Read by the store's client check; answered here so the check does not connect.
-    connection_pool = None
-
     def __init__(self, parsed: ClusterURL) -> None:
-        self._parsed = parsed
-        self._client: Any = None
         self._lock = threading.Lock()
-        reset_after_fork(self)
+        super().__init__(parsed)
 
     def _after_fork(self) -> None:
         """In a forked child: a new lock (the client's pools check the pid themselves)."""
@@ -213,9 +221,6 @@ class LazyCluster:
                 nodes = [ClusterNode(h, p) for h, p in self._parsed.nodes]  # type: ignore[no-untyped-call]
                 self._client = RedisCluster(startup_nodes=nodes, **_cluster_kwargs(self._parsed))
             return self._client
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._get(), name)
 
     def close(self) -> None:
         """Close the client, if it was built."""
