@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit package matrix chaos chaos-tasks bench clean services unasync docs
+.PHONY: demo test lint typecheck unit package matrix chaos chaos-tasks bench clean services unasync docs compat
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -56,6 +56,20 @@ PYTEST_XDIST ?= 3
 unit: $(STAMP)
 	$(BIN)/pytest -m "not chaos" $(if $(filter-out 0,$(PYTEST_XDIST)),-n $(PYTEST_XDIST) --dist loadfile) $(PYTEST_ARGS)
 
+# The unit, contract and calls suites on the other supported Pythons (3.12, 3.13: pyenv's, else
+# pythonX.Y on PATH), each in a virtualenv of its own (.venv-3.12, .venv-3.13) built by uv.
+COMPAT_PYTHONS ?= 3.12 3.13
+COMPAT_SUITES ?= tests/unit tests/contract tests/calls
+compat: $(STAMP)
+	@set -e; for v in $(COMPAT_PYTHONS); do \
+	  py=$$(ls -d $${PYENV_ROOT:-$$HOME/.pyenv}/versions/$$v.*/bin/python 2>/dev/null | sort -V | tail -n 1); \
+	  [ -n "$$py" ] || py=$$(command -v python$$v) || { echo "compat: no Python $$v"; exit 1; }; \
+	  test -x .venv-$$v/bin/pytest || $(BIN)/uv venv -q -p "$$py" .venv-$$v; \
+	  $(BIN)/uv pip install -q -p .venv-$$v/bin/python -e '.[test]'; \
+	  echo "compat: Python $$v ($$py)"; \
+	  .venv-$$v/bin/pytest -q -m "not chaos" $(if $(filter-out 0,$(PYTEST_XDIST)),-n $(PYTEST_XDIST) --dist loadfile) $(COMPAT_SUITES) $(PYTEST_ARGS); \
+	done
+
 # The sdist and the wheel, checked as PyPI would (twine); tests/install installs the wheel.
 package: $(STAMP)
 	rm -rf dist
@@ -94,4 +108,4 @@ chaos-tasks: $(STAMP)
 	$(BIN)/pytest -m chaos tests/tasks -s $(PYTEST_ARGS)
 
 clean:
-	rm -rf $(VENV) bench/.venv-bench-peers .pytest_cache .mypy_cache .ruff_cache test-artifacts dist site
+	rm -rf $(VENV) .venv-3.12 .venv-3.13 bench/.venv-bench-peers .pytest_cache .mypy_cache .ruff_cache test-artifacts dist site

@@ -256,6 +256,25 @@ TWINS = [
         ],
     ),
     Twin(
+        "src/retrysafe/stores/sqlite/_async_tx.py",
+        "src/retrysafe/stores/sqlite/_sync_tx.py",
+        [
+            (r"transaction on the async face", "transaction on the sync face"),
+            (
+                r"The sync twin, ``_sync_tx\.py``, is generated from this file by "
+                r"``scripts/unasync\.py``\n\(``make lint`` checks that it is up to date\): edit "
+                r"this file, then run the script\.",
+                "This file is generated from ``_async_tx.py`` by ``scripts/unasync.py``\n"
+                "(``make lint`` checks that it is up to date): edit that file, then run the "
+                "script.",
+            ),
+            (r"\bAsyncSQLiteTransaction\b", "SQLiteTransaction"),
+            (r"\bAsyncSQLiteStore\b", "SQLiteStore"),
+            (r"\b_async_store\b", "_store"),
+            (r"\bself\._store\.sync\b", "self._store"),
+        ],
+    ),
+    Twin(
         "src/retrysafe/stores/redis/_client.py",
         "src/retrysafe/stores/redis/_client_sync.py",
         [

@@ -4,6 +4,7 @@ once, and the messages delivered again after a kill are answered from the store.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import sqlite3
@@ -110,7 +111,7 @@ def test_each_message_has_one_effect_across_killed_consumers(queue: str, tmp_pat
             if consumer.proc.poll() is None:
                 consumer.proc.kill()
                 consumer.proc.communicate()
-    with sqlite3.connect(db) as conn:
+    with contextlib.closing(sqlite3.connect(db)) as conn:
         rows = conn.execute("SELECT order_id, count(*) FROM charges GROUP BY order_id").fetchall()
     assert sorted(f"charge-{order}" for order, _ in rows) == sorted(ids)
     assert all(count == 1 for _, count in rows)  # one effect per message

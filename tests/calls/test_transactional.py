@@ -6,6 +6,7 @@ after it returned) leaves both (the retry replays) or neither (the retry runs), 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import signal
 import sqlite3
@@ -51,7 +52,7 @@ class Effects:
         if store.id == "sqlite":
             self.path = store.url.removeprefix("sqlite:///")
             self.table = "effects"
-            with sqlite3.connect(self.path) as conn:
+            with contextlib.closing(sqlite3.connect(self.path)) as conn:
                 conn.execute("CREATE TABLE IF NOT EXISTS effects (k TEXT NOT NULL)")
         elif store.id == "mysql":
             table = dict(parse_qsl(urlsplit(store.url).query))["table"]
@@ -66,7 +67,7 @@ class Effects:
 
     def count(self, key: str) -> int:
         if self.store.id == "sqlite":
-            with sqlite3.connect(self.path) as conn:
+            with contextlib.closing(sqlite3.connect(self.path)) as conn:
                 row = conn.execute("SELECT count(*) FROM effects WHERE k = ?", (key,)).fetchone()
         elif self.store.id == "mysql":
             with backend_mysql.admin_connect(self.store.url) as conn, conn.cursor() as cur:
@@ -197,6 +198,32 @@ async def test_a_call_that_never_asks_for_the_connection_completes_plainly(
         assert await face.call(fn, 4) == await face.call(fn, 4) == 16
     finally:
         await face.close(fn)
+
+
+@pytest.mark.parametrize("sql_store", [pytest.param("postgres", id="postgres")], indirect=True)
+async def test_the_sync_connection_handed_out_is_a_plain_psycopg_connection(
+    sql_store: StoreURL, effects: Effects
+) -> None:
+    """Code written for psycopg runs on ``transaction()``'s connection as written: ``%s`` and
+    ``%(name)s`` placeholders, ``%%`` for a percent sign (the store's own statements still run
+    on it, in the same transaction)."""
+    face = Face("sync")
+
+    def charge(order_id: str) -> str:
+        conn = functions.transaction()
+        conn.execute(f"INSERT INTO {effects.table} (k) VALUES (%s)", (order_id,))
+        with conn.cursor() as cur:
+            cur.execute("SELECT %(k)s || '%%'", {"k": order_id})
+            row = cur.fetchone()
+        return str(row[0])
+
+    fn = face.define(charge, store=sql_store.url, key="order_id", transactional=True)
+    try:
+        assert await face.call(fn, "o-1") == "o-1%"
+        assert await face.call(fn, "o-1") == "o-1%"  # replayed: the insert ran once
+    finally:
+        await face.close(fn)
+    assert effects.count("o-1") == 1
 
 
 @pytest.mark.parametrize(

@@ -34,14 +34,14 @@ NAME = "tests.calls.charge"
 
 def insert_sync(conn: Any, url: str, table: str, key: str) -> None:
     """Insert ``key`` into ``table`` on a ``def`` call's transaction connection, in its driver's
-    own placeholder style (sqlite3 ``?``, psycopg's raw cursor ``$1``, PyMySQL ``%s``)."""
+    own placeholder style (sqlite3 ``?``, psycopg ``%s``, PyMySQL ``%s``)."""
     if url.startswith("sqlite"):
         conn.execute(f"INSERT INTO {table} (k) VALUES (?)", (key,))
     elif url.startswith("mysql"):
         with conn.cursor() as cur:
             cur.execute(f"INSERT INTO {table} (k) VALUES (%s)", (key,))
     else:
-        conn.execute(f"INSERT INTO {table} (k) VALUES ($1)", (key,))
+        conn.execute(f"INSERT INTO {table} (k) VALUES (%s)", (key,))
 
 
 async def insert_async(conn: Any, url: str, table: str, key: str) -> None:

@@ -125,7 +125,7 @@ async def test_waiters_for_the_write_lock_take_turns_settling_first_then_in_arri
     """In one process, only the waiter whose turn it is polls SQLite's lock: a later arrival
     can no longer win it again and again ahead of one that has waited for seconds (the latency
     tail of a busy file), and a held key's settlement goes before new reservations."""
-    from retrysafe.stores.sqlite import CLAIM, SETTLE, _Turns
+    from retrysafe.stores.sqlite._busy import CLAIM, SETTLE, _Turns
 
     turns = _Turns()
     assert await turns.acquire(CLAIM, 1.0)  # free: at once

@@ -53,8 +53,8 @@ def effect(order_id: str) -> None:
     now = time.time()
     if MODE == "tx":
         conn = functions.transaction()
-        # sqlite3's placeholders, or the PostgreSQL store's raw psycopg connection's ($n)
-        marks = "?, ?, ?" if type(conn).__module__ == "sqlite3" else "$1, $2, $3"
+        # sqlite3's placeholders, or psycopg's (the PostgreSQL store's sync connection)
+        marks = "?, ?, ?" if type(conn).__module__ == "sqlite3" else "%s, %s, %s"
         conn.execute(
             f"INSERT INTO {TABLE} (key, pid, at) VALUES ({marks})", (order_id, os.getpid(), now)
         )

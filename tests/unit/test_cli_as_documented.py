@@ -3,6 +3,7 @@ client sends it, and ``check`` says what it writes and leaves no record behind."
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 from pathlib import Path
 
@@ -60,7 +61,7 @@ def test_check_says_what_it_writes_and_leaves_no_record(
     out = capsys.readouterr().out
     assert "probe key was reserved and released" in out
     assert "records table" in out
-    with sqlite3.connect(tmp_path / "fresh.db") as db:
+    with contextlib.closing(sqlite3.connect(tmp_path / "fresh.db")) as db:
         assert db.execute("select count(*) from retrysafe_records").fetchone() == (0,)
     with pytest.raises(SystemExit):
         main(["check", "--help"])

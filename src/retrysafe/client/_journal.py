@@ -234,17 +234,21 @@ class SQLiteJournal:
         conn = sqlite3.connect(
             path, timeout=self.busy_timeout, isolation_level=None, check_same_thread=False
         )
-        conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout * 1000)}")
-        conn.execute("PRAGMA journal_mode = WAL")
-        conn.execute("PRAGMA synchronous = FULL")
-        conn.execute(
-            "CREATE TABLE IF NOT EXISTS retrysafe_operations ("
-            " operation_id TEXT PRIMARY KEY,"
-            " key TEXT NOT NULL,"
-            " created_at REAL NOT NULL,"
-            " finished_at REAL,"
-            " status INTEGER)"
-        )
+        try:
+            conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout * 1000)}")
+            conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute("PRAGMA synchronous = FULL")
+            conn.execute(
+                "CREATE TABLE IF NOT EXISTS retrysafe_operations ("
+                " operation_id TEXT PRIMARY KEY,"
+                " key TEXT NOT NULL,"
+                " created_at REAL NOT NULL,"
+                " finished_at REAL,"
+                " status INTEGER)"
+            )
+        except BaseException:
+            conn.close()  # not a database, read-only: never left for the collector
+            raise
         return conn
 
     def _create(self) -> None:

@@ -437,7 +437,8 @@ class Psycopg(_Postgres):
         import psycopg
 
         if conn is not None:
-            cursor = conn.execute(sql, params)
+            # The request's transaction connection takes psycopg's own %s; the demo's SQL is $1.
+            cursor = psycopg.RawCursor(conn).execute(sql, params)
             return cursor.fetchall() if cursor.description is not None else []
         try:
             with self._get_pool().connection(timeout=10) as own:

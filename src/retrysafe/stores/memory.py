@@ -3,7 +3,9 @@
 Owner liveness is the process itself: a record belongs to the instance id that reserved it. After
 ``fork`` the child's copy of the dict still holds its parent's in-progress records, which no one
 will ever renew or complete in that copy (the parent works on its own), so the child takes them
-over at once (a committed one is outcome unknown, as everywhere).
+over at once (a committed one is outcome unknown, as everywhere). From the fork on, parent and
+child each have their own store: a key one of them completes is new to the other (share a SQLite
+file, PostgreSQL or Redis between processes).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from dataclasses import dataclass
 
 from .._core.records import Record, Reservation, new_token
 from ._base import StoreStats
+from ._fork import reset_after_fork
 from ._inline import InlineAsyncStore
 from ._registry import Backend, parse_store_url, register_backend
 from ._url import StoreURL
@@ -47,6 +50,12 @@ class MemoryStore:
         self._clock = clock
         self._lock = threading.Lock()
         self._entries: dict[str, _Entry] = {}
+        reset_after_fork(self)
+
+    def _after_fork(self) -> None:
+        """In a forked child: a new lock (one held by another of the parent's threads at the
+        fork would never be released here). The records stay: the child's own copy."""
+        self._lock = threading.Lock()
 
     @classmethod
     def from_url(cls, url: str | StoreURL = "memory://") -> MemoryStore:

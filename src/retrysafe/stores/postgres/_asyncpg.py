@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Iterator
@@ -22,6 +23,8 @@ import asyncpg
 from ..._core.drive import drive
 from ..._core.errors import StoreError, StoreUnavailableError
 from ..._core.records import instance_id
+from .._fork import INHERITED, reset_after_fork
+from .._loops import close_with_loop
 from . import _sql
 from ._sql import STORE_NAME, ConnectionLostError, Query, Rows, owner_lock_query
 
@@ -141,7 +144,9 @@ def _failing(tx: _Tx, what: str) -> Iterator[None]:
 
 
 class AsyncpgDriver:
-    """An asyncpg pool (opened on first use, in the running event loop) and the owner lock.
+    """An asyncpg pool per event loop (opened on first use in that loop, closed when the loop
+    shuts down; see :mod:`retrysafe.stores._loops`) and the owner lock. In a forked child it
+    opens its own (see :mod:`retrysafe.stores._fork`).
 
     Args:
         options: the store's options.
@@ -151,22 +156,54 @@ class AsyncpgDriver:
     def __init__(self, options: _sql.PostgresOptions, statements: _sql.Statements) -> None:
         self.options = options
         self.statements = statements
+        # The pool of the loop that used the store last (the hot path's one check), and every
+        # loop's: a pool and the generator that closes it when its loop ends.
         self._pool: Any = None
-        self._lock: asyncio.Lock | None = None
+        self._pool_loop: asyncio.AbstractEventLoop | None = None
+        self._pools: dict[asyncio.AbstractEventLoop, tuple[Any, Any]] = {}
+        self._locks: dict[asyncio.AbstractEventLoop, asyncio.Lock] = {}
         # Owner liveness: the dedicated connection holding this process's owner lock.
         self._owner_conn: Any = None
         self._owner_instance = ""
         self._owner_lock: asyncio.Lock | None = None
         self._owner_loop: asyncio.AbstractEventLoop | None = None
         self._owner_retry_at = 0.0
+        self._owner_guard: Any = None
         self._inherited: list[Any] = []
+        reset_after_fork(self)
+
+    def _after_fork(self) -> None:
+        """In a forked child: the parent's pools and owner connection are never used (nor
+        closed: their loops run in the parent)."""
+        INHERITED.append((self._pools, self._owner_conn, self._owner_guard))
+        self._pool = self._pool_loop = self._owner_conn = self._owner_lock = None
+        self._owner_guard = None
+        self._owner_loop = None
+        self._pools, self._locks = {}, {}
+
+    def _loop_pool(self) -> Any:
+        """The running loop's pool, or ``None``."""
+        loop = asyncio.get_running_loop()
+        if self._pool_loop is loop:
+            return self._pool
+        found = self._pools.get(loop)
+        if found is None:
+            return None
+        self._pool, self._pool_loop = found[0], loop
+        return found[0]
 
     async def _open(self) -> Any:
-        if self._lock is None:
-            self._lock = asyncio.Lock()
-        async with self._lock:
-            if self._pool is not None:
-                return self._pool
+        loop = asyncio.get_running_loop()
+        lock = self._locks.get(loop)
+        if lock is None:
+            for old in [old for old in self._locks if old.is_closed()]:
+                del self._locks[old]  # a loop closed without shutting down its generators
+                self._pools.pop(old, None)
+            lock = self._locks[loop] = asyncio.Lock()
+        async with lock:
+            pool = self._loop_pool()
+            if pool is not None:
+                return pool
             o = self.options
             try:
                 pool = await asyncpg.create_pool(
@@ -186,8 +223,23 @@ class AsyncpgDriver:
                 except BaseException:
                     pool.terminate()
                     raise
-            self._pool = pool
+            guard = await close_with_loop(functools.partial(self._close_pool, loop, pool))
+            self._pools[loop] = (pool, guard)
+            self._pool, self._pool_loop = pool, loop
             return pool
+
+    async def _close_pool(self, loop: asyncio.AbstractEventLoop, pool: Any) -> None:
+        """Close one loop's pool (waits up to 10 s for connections in use, then terminates
+        them), in that loop."""
+        if self._pools.get(loop, (None,))[0] is pool:
+            del self._pools[loop]
+        self._locks.pop(loop, None)
+        if self._pool is pool:
+            self._pool = self._pool_loop = None
+        try:
+            await asyncio.wait_for(pool.close(), 10.0)
+        except Exception:
+            pool.terminate()
 
     async def _ensure_schema(self, pool: Any, *, only_if_missing: bool) -> None:
         try:
@@ -202,12 +254,14 @@ class AsyncpgDriver:
 
     async def ensure_schema(self) -> None:
         """Create the table and its index if missing, in one transaction."""
-        pool = self._pool or await self._open()
+        pool = self._loop_pool() or await self._open()
         await self._ensure_schema(pool, only_if_missing=False)
 
     async def perform(self, query: Query) -> Rows:
         """Send one statement on a pooled connection and return its rows (for :func:`drive`)."""
-        pool = self._pool or await self._open()
+        pool = self._pool if self._pool_loop is asyncio.get_running_loop() else None
+        if pool is None:
+            pool = self._loop_pool() or await self._open()
         what = query.statement.name
         # Every idle connection may have been terminated at once (a server restart, an
         # operator's pg_terminate_backend): one more try than the pool holds reaches a new one.
@@ -305,24 +359,26 @@ class AsyncpgDriver:
                 conn.terminate()
                 return False
             self._owner_conn = conn
+            self._owner_guard = await close_with_loop(functools.partial(self._end_owner, conn))
             return True
 
+    async def _end_owner(self, conn: Any) -> None:
+        """End the owner lock's session of a loop that ends (or of the store that closes)."""
+        if self._owner_conn is conn:
+            self._owner_conn = None
+        if not conn.is_closed():
+            conn.terminate()
+
     async def aclose(self) -> None:
-        """Close the pool (waits up to 10 s for connections in use, then terminates them) and
-        end the owner lock's session."""
-        owner, self._owner_conn = self._owner_conn, None
-        if owner is not None and self._owner_instance == instance_id():
-            try:
-                owner.terminate()
-            except Exception as exc:  # its event loop may be gone
-                logger.debug("dropping the owner connection: %s", exc)
-        pool, self._pool = self._pool, None
-        if pool is None:
-            return
-        try:
-            await asyncio.wait_for(pool.close(), 10.0)
-        except Exception:
-            pool.terminate()
+        """Close this loop's pool (waits up to 10 s for connections in use, then terminates
+        them) and end the owner lock's session. Pools of other loops still running close when
+        their loop ends."""
+        guard, self._owner_guard = self._owner_guard, None
+        if guard is not None and self._owner_loop is asyncio.get_running_loop():
+            await guard.aclose()  # runs _end_owner
+        found = self._pools.get(asyncio.get_running_loop())
+        if found is not None:
+            await found[1].aclose()  # runs _close_pool
 
     # -- a request's transaction -----------------------------------------------------------------
     # A lost connection is never a ConnectionLostError here: the transaction died with it, so
@@ -330,7 +386,7 @@ class AsyncpgDriver:
 
     async def begin(self) -> _Tx:
         """A pooled connection with its transaction started."""
-        pool = self._pool or await self._open()
+        pool = self._loop_pool() or await self._open()
         for _ in range(self.options.max_size + 1):  # as in perform
             try:
                 async with asyncio.timeout(self.options.pool_timeout):

@@ -13,6 +13,7 @@ import math
 import select
 import threading
 import time
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +24,7 @@ from psycopg_pool import ConnectionPool
 from ..._core.drive_sync import drive
 from ..._core.errors import StoreError, StoreUnavailableError
 from ..._core.records import instance_id
+from .._fork import INHERITED, neuter_socket, reset_after_fork
 from ._sql import (
     STORE_NAME,
     ConnectionLostError,
@@ -67,7 +69,7 @@ class _OnConnection:
     conn: Any
 
     def perform(self, query: Query) -> Rows:
-        cur = self.conn.execute(query.statement.sql, query.args)
+        cur = psycopg.RawCursor(self.conn).execute(query.statement.sql, query.args)
         rows: Rows = cur.fetchall() if cur.description else []
         return rows
 
@@ -102,15 +104,27 @@ class PsycopgDriver:
         self._owner_instance = ""
         self._owner_lock = threading.Lock()
         self._owner_retry_at = 0.0
-        # A connection inherited over fork is kept, never closed: closing it would end the
-        # parent's session, and with it the parent's owner lock.
-        self._inherited: list[Any] = []
+        # Every connection the pool opened (for a forked child to leave alone).
+        self._conns: weakref.WeakSet[Any] = weakref.WeakSet()
+        reset_after_fork(self)
+
+    def _after_fork(self) -> None:
+        """In a forked child: the parent's pool and owner connection are never used, and their
+        sockets are pointed away (a finalizer's goodbye would end the parent's sessions, and with
+        them its owner lock); the next operation opens a pool of the child's own."""
+        inherited = [*self._conns, self._owner_conn]
+        for conn in inherited:
+            if conn is not None and not conn.closed:
+                neuter_socket(conn.pgconn.socket)
+        INHERITED.append((self._pool, inherited))
+        self._pool = self._owner_conn = None
+        self._conns = weakref.WeakSet()
+        self._lock = threading.Lock()
+        self._owner_lock = threading.Lock()
 
     def _connect_kwargs(self) -> dict[str, Any]:
         return {
             "autocommit": True,
-            # $n placeholders, as in the .sql file; no client-side query rewriting.
-            "cursor_factory": psycopg.RawCursor,
             # libpq takes whole seconds (and treats values below 2 as 2).
             "connect_timeout": max(2, math.ceil(self.options.connect_timeout)),
             "application_name": self.options.application_name,
@@ -139,6 +153,7 @@ class PsycopgDriver:
                 timeout=o.pool_timeout,
                 max_idle=o.max_idle or 600.0,
                 name=f"retrysafe-{o.table}",
+                configure=self._conns.add,
                 open=False,
             )
             try:
@@ -177,7 +192,10 @@ class PsycopgDriver:
         except Exception as exc:
             raise _psycopg_error(exc, what=what) from exc
         try:
-            cur = conn.execute(query.statement.sql, query.args, prepare=True)
+            # $n placeholders, as in the .sql file: no client-side query rewriting. A raw cursor
+            # of its own, never the connection's factory: a connection handed to a handler
+            # (transaction()) takes psycopg's own %s placeholders, as any does.
+            cur = psycopg.RawCursor(conn).execute(query.statement.sql, query.args, prepare=True)
             rows: Rows = cur.fetchall()
         except Exception as exc:
             error = _psycopg_error(exc, connection=conn, what=what)
@@ -217,10 +235,7 @@ class PsycopgDriver:
                 return False
             conn, self._owner_conn = self._owner_conn, None
             if conn is not None:
-                if self._owner_instance == instance:
-                    conn.close()
-                else:
-                    self._inherited.append(conn)
+                conn.close()  # the child's own: a parent's was dropped at the fork
             self._owner_instance = instance
             self._owner_retry_at = time.monotonic() + 5.0
             o = self.options
@@ -233,7 +248,7 @@ class PsycopgDriver:
                 return False
             try:
                 query = owner_lock_query(self.statements, instance)
-                conn.execute(query.statement.sql, query.args).fetchall()
+                psycopg.RawCursor(conn).execute(query.statement.sql, query.args).fetchall()
             except (psycopg.Error, OSError) as exc:
                 logger.warning("owner liveness off for now (lock failed): %s", exc)
                 conn.close()
@@ -272,7 +287,7 @@ class PsycopgDriver:
     @staticmethod
     def _execute(tx: _Tx, sql: str, args: Sequence[Any] = (), *, what: str) -> Rows:
         try:
-            cur = tx.conn.execute(sql, args)
+            cur = psycopg.RawCursor(tx.conn).execute(sql, args)
             return cur.fetchall() if cur.description else []
         except Exception as exc:
             raise _psycopg_error(exc, what=what) from exc

@@ -16,7 +16,7 @@ from ._client_sync import ClientDriver
 from ._commands import ClusterURL, RedisURL
 from ._heartbeat import ThreadClient
 from ._lean import LeanDriver
-from ._redispy import LazyCluster, async_cluster, sync_client
+from ._redispy import LazyCluster, LoopCluster, sync_client
 
 __all__ = ["connect_async", "connect_cluster_async", "connect_cluster_sync", "connect_sync"]
 
@@ -41,10 +41,10 @@ def connect_sync(parsed: RedisURL | None, client: Any) -> tuple[ClientDriver, Th
 
 
 def connect_cluster_async(parsed: ClusterURL) -> tuple[AsyncClientDriver, ThreadClient]:
-    """The async cluster store's driver (an asyncio cluster client) and a sync cluster client
-    of the heartbeat thread's own."""
+    """The async cluster store's driver (an asyncio cluster client per event loop) and a sync
+    cluster client of the heartbeat thread's own."""
     thread = ThreadClient(lambda: LazyCluster(parsed), close=True)
-    return AsyncClientDriver(async_cluster(parsed), owned=True), thread
+    return AsyncClientDriver(LoopCluster(parsed), owned=True), thread
 
 
 def connect_cluster_sync(parsed: ClusterURL) -> tuple[ClientDriver, ThreadClient]:

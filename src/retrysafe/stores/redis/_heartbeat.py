@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..._core.records import instance_id
+from .._fork import reset_after_fork
 from ._commands import ms
 from ._redispy import CLIENT_ERRORS
 
@@ -66,6 +67,12 @@ class Heartbeat:
         self._lock = threading.Lock()
         #: Successful renewals since start (the measured cost: beats per second).
         self.beats = 0
+        reset_after_fork(self)
+
+    def _after_fork(self) -> None:
+        """In a forked child (no thread, a new instance id): a new lock, so that the child's
+        first beat starts its own thread even if the parent's lock was held at the fork."""
+        self._lock = threading.Lock()
 
     def fresh(self) -> bool:
         """Whether tokens may name this process now (its heartbeat key exists)."""

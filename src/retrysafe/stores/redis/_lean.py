@@ -28,6 +28,7 @@ Design:
 from __future__ import annotations
 
 import asyncio
+import functools
 import ssl as ssl_module
 from collections import deque
 from collections.abc import Callable
@@ -37,6 +38,8 @@ import hiredis
 
 from ..._core.errors import StoreError, StoreUnavailableError
 from .._base import StoreStats
+from .._fork import INHERITED, reset_after_fork
+from .._loops import close_with_loop
 from ._commands import Call, RedisURL, Tally, Wait, now_ms, reply_error
 
 __all__ = ["LeanDriver", "LeanRedis", "ReplyError", "pack_command"]
@@ -65,6 +68,7 @@ class _Connection(asyncio.Protocol):
         self._transport: asyncio.Transport | None = None
         self._watchdog: asyncio.TimerHandle | None = None
         self._pending: list[bytes] = []
+        self.guard: Any = None
 
     # -- asyncio.Protocol ----------------------------------------------------------------------
 
@@ -212,6 +216,7 @@ class LeanRedis:
         self._connecting: asyncio.Task[_Connection] | None = None
         #: The WAIT the commands of this event-loop iteration share (see execute_acked).
         self._wait: tuple[_Connection, bytes, asyncio.Future[Any]] | None = None
+        reset_after_fork(self)
 
     async def execute(self, packed: bytes) -> Any:
         """Send one command packed by :func:`pack_command` and return its reply.
@@ -325,13 +330,29 @@ class LeanRedis:
         except BaseException:
             conn.close()
             raise
+        # Closed in its loop when that loop ends (asyncio.run twice: each loop its own).
+        conn.guard = await close_with_loop(functools.partial(self._end, conn))
         return conn
+
+    async def _end(self, conn: _Connection) -> None:
+        if self._conn is conn:
+            self._conn = None
+        conn.close()
+
+    def _after_fork(self) -> None:
+        """In a forked child: the parent's connection is never used (its socket is shared)."""
+        INHERITED.append(self._conn)
+        self._conn = self._connecting = None
+        self._wait = None
 
     async def aclose(self) -> None:
         """Close the connection; a later command opens a new one."""
         conn, self._conn = self._conn, None
         if conn is not None:
-            conn.close()
+            if conn.guard is not None and conn.loop is asyncio.get_running_loop():
+                await conn.guard.aclose()  # closes it (and no longer at the loop's end)
+            else:
+                conn.close()
 
 
 class LeanDriver:

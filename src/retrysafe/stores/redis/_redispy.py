@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import functools
 import inspect
 import threading
 from collections.abc import Iterator
@@ -17,11 +19,14 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
 from ..._core.errors import ConfigurationError, StoreError, StoreUnavailableError
+from .._fork import INHERITED, reset_after_fork
+from .._loops import close_with_loop
 from ._commands import STORE, ClusterURL, RedisURL, reply_error
 
 __all__ = [
     "CLIENT_ERRORS",
     "LazyCluster",
+    "LoopCluster",
     "async_cluster",
     "check_client",
     "client_errors",
@@ -201,7 +206,77 @@ def async_cluster(parsed: ClusterURL) -> Any:
     return RedisCluster(startup_nodes=nodes, **extra, **_cluster_kwargs(parsed))
 
 
-class LazyCluster:
+class _ClusterProxy:
+    """A cluster client built when first needed (by :meth:`_get`), standing in for it."""
+
+    #: Read by the store's client check; answered here so the check does not connect.
+    connection_pool = None
+
+    def __init__(self, parsed: ClusterURL) -> None:
+        self._parsed = parsed
+        self._client: Any = None
+        reset_after_fork(self)
+
+    def _after_fork(self) -> None:
+        raise NotImplementedError
+
+    def _get(self) -> Any:
+        raise NotImplementedError
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._get(), name)
+
+
+class LoopCluster(_ClusterProxy):
+    """One ``redis.asyncio.RedisCluster`` per event loop (a client is bound to the loop it first
+    ran in): built on first use in a loop, closed when that loop ends
+    (:mod:`retrysafe.stores._loops`), dropped in a forked child.
+
+    Args:
+        parsed: the cluster's URL.
+    """
+
+    def __init__(self, parsed: ClusterURL) -> None:
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._guard: Any = None
+        self._starting: asyncio.Task[None] | None = None  # registers the loop-end close
+        super().__init__(parsed)
+
+    def _after_fork(self) -> None:
+        """In a forked child: the parent's client is never used (its sockets are shared)."""
+        INHERITED.append((self._client, self._guard))
+        self._client = self._loop = self._guard = None
+
+    def _get(self) -> Any:
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop:
+            client = async_cluster(self._parsed)
+            self._client, self._loop, self._guard = client, loop, None
+            self._starting = loop.create_task(self._close_at_end(client))
+        return self._client
+
+    async def _close_at_end(self, client: Any) -> None:
+        if self._client is client:  # not closed meanwhile
+            self._guard = await close_with_loop(functools.partial(self._end, client))
+
+    async def _end(self, client: Any) -> None:
+        if self._client is client:
+            self._client = self._loop = self._guard = None
+        await client.aclose()
+
+    async def aclose(self) -> None:
+        """Close this loop's client now (a later call builds a new one)."""
+        if self._loop is not asyncio.get_running_loop():
+            return
+        client, guard = self._client, self._guard
+        self._client = self._loop = self._guard = None
+        if guard is not None:
+            await guard.aclose()  # runs _end
+        elif client is not None:
+            await client.aclose()
+
+
+class LazyCluster(_ClusterProxy):
     """A ``redis.cluster.RedisCluster`` built on first use.
 
     The sync cluster client connects and reads the slot map in its constructor; built lazily,
@@ -213,12 +288,12 @@ class LazyCluster:
         parsed: the cluster's URL.
     """
 
-    #: Read by the store's client check; answered here so the check does not connect.
-    connection_pool = None
-
     def __init__(self, parsed: ClusterURL) -> None:
-        self._parsed = parsed
-        self._client: Any = None
+        self._lock = threading.Lock()
+        super().__init__(parsed)
+
+    def _after_fork(self) -> None:
+        """In a forked child: a new lock (the client's pools check the pid themselves)."""
         self._lock = threading.Lock()
 
     def _get(self) -> Any:
@@ -229,9 +304,6 @@ class LazyCluster:
                 nodes = [ClusterNode(h, p) for h, p in self._parsed.nodes]  # type: ignore[no-untyped-call]
                 self._client = RedisCluster(startup_nodes=nodes, **_cluster_kwargs(self._parsed))
             return self._client
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._get(), name)
 
     def close(self) -> None:
         """Close the client, if it was built."""
