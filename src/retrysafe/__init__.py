@@ -29,7 +29,8 @@ from ._core.errors import (
 from ._core.request import Request
 from ._core.routes import idempotent
 from ._core.transaction import mark_committed, transaction
-from .functions import idempotent_function
+from .calls import CallOptions, Delivery, IdempotentFunction, idempotent_function
+from .consumer import MessageHandler
 from .stores import async_store_from_url, store_from_url
 
 __version__ = "0.2.0"
@@ -37,13 +38,17 @@ __version__ = "0.2.0"
 __all__ = [
     "DEFAULT_RELEASE_STATUSES",
     "DEFAULT_REPLAY_HEADER_DENYLIST",
+    "CallOptions",
     "CodecError",
     "ConfigurationError",
+    "Delivery",
     "IdempotencyConfig",
     "IdempotencyError",
+    "IdempotentFunction",
     "InProgressError",
     "InvalidKeyError",
     "KeyReusedError",
+    "MessageHandler",
     "OutcomeUnknownError",
     "Request",
     "RouteOptions",

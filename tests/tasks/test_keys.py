@@ -24,8 +24,8 @@ from dramatiq.results import Results
 from dramatiq.results.backends import StubBackend
 
 from retrysafe import ConfigurationError, IdempotencyConfig
+from retrysafe.calls import Redelivery, redelivery_warnings
 from retrysafe.contrib import celery as rs_celery
-from retrysafe.contrib._tasks import Redelivery, redelivery_warnings
 from retrysafe.contrib.celery import check_worker, idempotency_key, idempotent_task
 from retrysafe.contrib.dramatiq import Idempotency
 from retrysafe.contrib.dramatiq import idempotency_key as dramatiq_key
@@ -188,7 +188,7 @@ def test_dramatiq_a_message_that_meets_an_unreachable_store_comes_back_later(
 def test_a_copy_of_a_short_task_looks_again_within_seconds_not_a_lease(tmp_path: Path) -> None:
     """A copy that meets a live run comes back after a few seconds at most, not after the
     lease left (30 s by default): the first run of a short task is long done by then."""
-    from retrysafe.contrib._tasks import IN_PROGRESS_RETRY_MAX, TaskFunction
+    from retrysafe.calls import IN_PROGRESS_RETRY_MAX, task_function
 
     started, release = threading.Event(), threading.Event()
 
@@ -197,18 +197,18 @@ def test_a_copy_of_a_short_task_looks_again_within_seconds_not_a_lease(tmp_path:
         release.wait(10)
         return order_id
 
-    keyed = TaskFunction(
-        charge, where="t", name="shop.charge", store=f"sqlite:///{tmp_path}/c.db", key="order_id"
+    keyed = task_function(
+        charge, f"sqlite:///{tmp_path}/c.db", {"name": "shop.charge", "key": "order_id"}, where="t"
     )
-    first = threading.Thread(target=keyed.run, args=(("o-1",), {}))
+    first = threading.Thread(target=keyed.deliver, args=(("o-1",), {}), kwargs={"queue": True})
     first.start()
     try:
         assert started.wait(10)
-        delivery = keyed.run(("o-1",), {})
+        delivery = keyed.deliver(("o-1",), {}, queue=True)
     finally:
         release.set()
         first.join()
-        keyed.function.close()
+        keyed.close()
     assert delivery.status == "in_progress"
     assert delivery.retry_after is not None and 1 <= delivery.retry_after <= IN_PROGRESS_RETRY_MAX
 

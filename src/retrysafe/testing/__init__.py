@@ -447,15 +447,10 @@ def _disable() -> None:
 
 
 def _disable_functions() -> None:
-    from .._core.call import KEY_ARGUMENT
-    from ..functions import IdempotentFunction
+    from ..calls import IdempotentFunction
 
     def call_passthrough(self: Any, *args: Any, **kwargs: Any) -> Any:
-        # The function as written: an ``idempotency_key=`` meant for the wrapper is dropped,
-        # unless the function takes a parameter of that name itself.
-        if not self._spec.takes_key:
-            kwargs.pop(KEY_ARGUMENT, None)
-        return self._function(*args, **kwargs)
+        return self.passthrough(args, kwargs)
 
     _patch(IdempotentFunction, "__call__", call_passthrough)
 

@@ -28,7 +28,6 @@ from retrysafe._core.call import (
     REPLAYED,
     Call,
     CallSpec,
-    call_config,
     call_fingerprint,
     from_json,
     to_json,
@@ -51,6 +50,7 @@ from retrysafe._core.operation import (
     TX_ROLLBACK,
     TX_STATE,
 )
+from retrysafe.calls import call_config
 from retrysafe.stores import Record, Reservation
 
 from .script import ANY, Events, run, won
