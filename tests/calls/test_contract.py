@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 from retrysafe import ConfigurationError, KeyReusedError
+from retrysafe.testing import idempotency_disabled
 
 from .conftest import StoreURL
 from .fronts import FRONTS, CallFront
@@ -155,3 +156,22 @@ def test_a_bad_option_is_named_at_definition(
 
     with pytest.raises(ConfigurationError, match=named):
         front.define(charge, store=url, name="contract.charge", **options)
+
+
+def test_the_testing_switch_turns_the_front_off(front: CallFront, url: str) -> None:
+    """``idempotency_disabled()`` (and so the ``retrysafe_disabled`` fixture and ``pytest
+    --retrysafe-disable``) reaches every front's delivery path, not only a direct call."""
+    runs: list[str] = []
+
+    def charge(order: str) -> str:
+        runs.append(order)
+        return order
+
+    handle = front.define(charge, store=url, name="contract.charge")
+    with idempotency_disabled():
+        assert front.send(handle, "k-1", "o-1").error is None
+        assert front.send(handle, "k-1", "o-1").error is None
+    assert runs == ["o-1", "o-1"]
+    front.send(handle, "k-1", "o-1")
+    front.send(handle, "k-1", "o-1")
+    assert runs == ["o-1", "o-1", "o-1"]  # on again: nothing was stored while it was off
