@@ -49,6 +49,7 @@ from ..calls import (
     FunctionOptions,
     IdempotentFunction,
     Redelivery,
+    message_key,
     redelivery_warnings,
     task_function,
     warn_once,
@@ -81,8 +82,13 @@ def idempotency_key(key: str | int) -> dict[str, Any]:
 
     Args:
         key: the business key (1-255 characters): every message with it has one effect.
+
+    Raises:
+        InvalidKeyError: the key is empty, longer than 255 characters, or not a ``str`` or
+            ``int``: the send fails, rather than the task in the worker (where ``acks_late``
+            would acknowledge the failed message and it would never run).
     """
-    return {"headers": {KEY_HEADER: str(key)}}
+    return {"headers": {KEY_HEADER: message_key(key)}}
 
 
 @overload

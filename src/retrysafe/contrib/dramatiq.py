@@ -43,6 +43,7 @@ from ..calls import (
     CallOptions,
     IdempotentFunction,
     Redelivery,
+    message_key,
     redelivery_warnings,
     task_function,
     warn_once,
@@ -72,8 +73,11 @@ def idempotency_key(key: str | int) -> dict[str, Any]:
     options: pass ``idempotency_key=...`` as a keyword argument instead (taken off before the
     actor's function is called).
 
+    Raises:
+        InvalidKeyError: the key is empty, longer than 255 characters, or not a ``str`` or
+            ``int``: the send fails, rather than the message in the worker.
     """
-    return {KEY_HEADER: str(key)}
+    return {KEY_HEADER: message_key(key)}
 
 
 class Idempotency(Middleware):
