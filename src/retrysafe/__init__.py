@@ -16,6 +16,7 @@ from ._core.config import (
     RouteOptions,
 )
 from ._core.errors import (
+    ArgumentError,
     CodecError,
     ConfigurationError,
     IdempotencyError,
@@ -38,6 +39,7 @@ __version__ = "0.2.0"
 __all__ = [
     "DEFAULT_RELEASE_STATUSES",
     "DEFAULT_REPLAY_HEADER_DENYLIST",
+    "ArgumentError",
     "CallOptions",
     "CodecError",
     "ConfigurationError",

@@ -15,6 +15,7 @@ import pytest
 
 import retrysafe
 from retrysafe import (
+    ArgumentError,
     CodecError,
     ConfigurationError,
     InProgressError,
@@ -120,23 +121,26 @@ async def test_pickle_stores_what_json_cannot_when_asked(store: StoreURL, face: 
         await face.close(fn)
 
 
-async def test_a_result_json_cannot_hold_frees_the_key_and_says_what_to_do(
+async def test_a_result_json_cannot_hold_keeps_the_key_as_outcome_unknown(
     store: StoreURL, face: Face
 ) -> None:
+    """The function ran, so its effect happened: the key is never freed for a second run; the
+    caller gets a CodecError saying what to do, every duplicate "outcome unknown"."""
     runs: list[int] = []
 
     def make(n: int) -> Any:
         runs.append(n)
-        return object() if len(runs) == 1 else "fine"
+        return object()
 
     fn = face.define(make, store=store.url, key="n")
     try:
         with pytest.raises(CodecError, match="codec='pickle'"):
             await face.call(fn, 1)
-        assert await face.call(fn, 1) == "fine"  # the key was freed: the retry ran
+        with pytest.raises(OutcomeUnknownError):
+            await face.call(fn, 1)
     finally:
         await face.close(fn)
-    assert runs == [1, 1]
+    assert runs == [1]
 
 
 # -- keys --------------------------------------------------------------------------------------
@@ -232,8 +236,16 @@ async def test_an_argument_that_cannot_be_fingerprinted_is_named(
 
     fn = face.define(send, store=store.url, key="order_id")
     try:
-        with pytest.raises(ConfigurationError, match=r"'conn'.*fingerprint="):
+        with pytest.raises(ArgumentError, match=r"'conn'.*fingerprint=") as caught:
             await face.call(fn, "o-1", object())
+    finally:
+        await face.close(fn)
+    # A bad argument of one call, not bad settings: a TypeError, as Python's own for a call.
+    assert isinstance(caught.value, TypeError)
+    assert not isinstance(caught.value, ConfigurationError)
+    assert caught.value.argument == "conn"
+    try:
+        pass
     finally:
         await face.close(fn)
 

@@ -12,8 +12,9 @@ from __future__ import annotations
 import contextvars
 import functools
 import inspect
+import sys
 import types
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Generic, ParamSpec, TypeVar, Unpack, cast, overload
 
 from .._async._keeper import AsyncLeaseKeeper
@@ -238,6 +239,7 @@ def make_function(
     options: FunctionOptions,
     *,
     where: str = "idempotent_function",
+    localns: Mapping[str, Any] | None = None,
 ) -> IdempotentFunction[P, R]:
     """``target`` made idempotent with ``options``: what every call front builds on.
 
@@ -246,7 +248,7 @@ def make_function(
             or ``transactional=True`` without a SQL store.
     """
     spec_options, rest = split_options(options)
-    spec = CallSpec(target, **spec_options)
+    spec = CallSpec(target, localns=localns, **spec_options)
     config = rest.pop("config", None)
     settings = call_config(config, rest, where=f"{where}({spec.name})")
     resolved: Any = (
@@ -327,8 +329,12 @@ def idempotent_function(
             or ``transactional=True`` without a SQL store: at decoration, never per call.
     """
 
+    # Where the function is decorated: a return annotation naming a class defined there (inside
+    # a function) is resolved in it.
+    localns = sys._getframe(1).f_locals
+
     def decorate(target: Callable[P, R]) -> IdempotentFunction[P, R]:
-        return make_function(target, store, options)
+        return make_function(target, store, options, localns=localns)
 
     return decorate if function is None else decorate(function)
 

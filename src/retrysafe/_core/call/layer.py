@@ -129,14 +129,19 @@ class Call(Operation[str]):
         with the function's writes).
 
         Raises:
-            CodecError: the codec cannot encode the value (the key is freed, or kept as outcome
-                unknown after committed effects; in transactional mode the writes roll back).
+            CodecError: the codec cannot encode the value. The function ran, so its effect
+                happened: the key is never freed for a second run but kept as outcome unknown
+                (duplicates get :class:`OutcomeUnknownError` until an operator resolves it). In
+                transactional mode the writes roll back with the record instead, and the key is
+                freed: nothing of the run remains.
             StoreError: the transaction could not commit (its writes rolled back; retry).
             InProgressError: the lease was taken over before the commit (writes rolled back).
         """
         try:
             data = self.spec.encode_result(value)
         except CodecError:
+            if not self.in_tx:
+                self.committed = True  # the effect happened: outcome unknown, never a rerun
             yield from self.abandon()
             raise
         if self.in_tx:

@@ -26,7 +26,7 @@ import sys
 import types
 import typing
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any, Protocol, runtime_checkable
 
 from ..errors import CodecError, ConfigurationError
@@ -37,6 +37,7 @@ __all__ = [
     "JSONCodec",
     "PickleCodec",
     "ResultCodec",
+    "check_resolvable",
     "describe_outcome",
     "envelope",
     "failure_payload",
@@ -44,6 +45,7 @@ __all__ = [
     "open_envelope",
     "rebuild_failure",
     "resolve_codec",
+    "return_annotation",
     "to_json",
     "type_hints",
 ]
@@ -170,6 +172,59 @@ def type_hints(owner: Any) -> dict[str, Any]:
         return typing.get_type_hints(owner)
     except Exception:  # unresolvable names (a class defined inside a function): plain JSON
         return {}
+
+
+def return_annotation(function: Any, localns: Mapping[str, Any] | None = None) -> Any:
+    """``function``'s return annotation, resolved (``Any`` when there is none or it is
+    ``None``), in its module and ``localns`` (the namespace it was decorated in: a class defined
+    inside a function).
+
+    Raises:
+        NameError: the annotation names something that does not exist at run time (a type
+            imported under ``TYPE_CHECKING``, a class not yet defined), or a dataclass it
+            names has such a field (:func:`check_resolvable`).
+    """
+    raw = getattr(function, "__annotations__", {}).get("return", _EMPTY)
+    if raw is _EMPTY:
+        return Any
+    owner = inspect.unwrap(function)
+    holder: Any = lambda: None  # noqa: E731  (only the return annotation is resolved)
+    holder.__annotations__ = {"return": raw}
+    try:
+        annotation = typing.get_type_hints(
+            holder, globalns=getattr(owner, "__globals__", None), localns=dict(localns or {})
+        )["return"]
+    except Exception as exc:
+        raise NameError(f"{raw!r} cannot be resolved ({exc})") from exc
+    if annotation is type(None):
+        return Any
+    check_resolvable(annotation)
+    return annotation
+
+
+def check_resolvable(annotation: Any, seen: set[Any] | None = None) -> None:
+    """Check that every dataclass ``annotation`` names (within unions, lists, dicts...) has
+    field types that resolve at run time: :func:`from_json` rebuilds their fields by them.
+
+    Raises:
+        NameError: one does not (the class and the name are said).
+    """
+    seen = set() if seen is None else seen
+    if annotation in seen or annotation is Any:
+        return
+    try:
+        seen.add(annotation)
+    except TypeError:  # an unhashable annotation: nothing of ours to look into
+        return
+    for arg in typing.get_args(annotation):
+        check_resolvable(arg, seen)
+    if isinstance(annotation, type) and dataclasses.is_dataclass(annotation):
+        try:
+            hints = typing.get_type_hints(annotation)
+        except Exception as exc:
+            raise NameError(f"{annotation.__qualname__}: {exc}") from exc
+        for hint in hints.values():
+            check_resolvable(hint, seen)
 
 
 # -- result codecs --------------------------------------------------------------------------------

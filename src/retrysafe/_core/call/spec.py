@@ -9,19 +9,20 @@ import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from ..errors import CodecError, ConfigurationError, InvalidKeyError
+from ..errors import ArgumentError, CodecError, ConfigurationError, InvalidKeyError
 from ..keys import MAX_KEY_LENGTH, record_id
 from .results import (
     FAILURE,
     RESULT,
+    PickleCodec,
     ResultCodec,
     envelope,
     failure_payload,
     open_envelope,
     rebuild_failure,
     resolve_codec,
+    return_annotation,
     to_json,
-    type_hints,
 )
 
 __all__ = [
@@ -111,6 +112,7 @@ class CallSpec:
 
     __slots__ = (
         "_annotation",
+        "_localns",
         "codec",
         "final",
         "fingerprint_names",
@@ -131,9 +133,16 @@ class CallSpec:
         fingerprint: Sequence[str] | None = None,
         codec: str | ResultCodec = "json",
         final: Iterable[type[BaseException]] = (),
+        localns: Mapping[str, Any] | None = None,
     ) -> None:
         if not callable(function):
             raise ConfigurationError(f"not a function: {function!r}")
+        if inspect.isgeneratorfunction(function) or inspect.isasyncgenfunction(function):
+            raise ConfigurationError(
+                f"{getattr(function, '__qualname__', function)}: a generator function cannot be "
+                "idempotent (its values are made after the call returns, so there is no result "
+                "to store); return a list instead"
+            )
         self.function = function
         qualname = getattr(function, "__qualname__", None) or getattr(function, "__name__", "")
         if name is None:
@@ -174,7 +183,28 @@ class CallSpec:
             if not (isinstance(kind, type) and issubclass(kind, BaseException)):
                 raise ConfigurationError(f"final must list exception types, got {kind!r}")
         self.final: tuple[type[BaseException], ...] = finals
-        self._annotation: Any = None  # the return annotation, resolved on first use
+        # The return annotation: resolved now when it can be (a class defined later in the
+        # module is resolved at the first call, before the function runs).
+        self._annotation: Any = None
+        self._localns = localns
+        self._resolve(at_call=False)
+
+    def _resolve(self, *, at_call: bool) -> None:
+        if isinstance(self.codec, PickleCodec):  # pickle keeps the type itself
+            self._annotation, self._localns = Any, None
+            return
+        try:
+            self._annotation = return_annotation(self.function, self._localns)
+        except NameError as exc:
+            if not at_call:
+                return
+            raise ConfigurationError(
+                f"{self.name}(): its return annotation cannot be resolved at run time: {exc}. A "
+                "replay would hand back raw JSON instead of that type: import the type at run "
+                "time (not under TYPE_CHECKING) and define the classes it names where the "
+                "function's module sees them, or pass codec='pickle'"
+            ) from exc
+        self._localns = None
 
     def _check_names(self, option: str, names: Sequence[str]) -> None:
         parameters = self.signature.parameters
@@ -193,8 +223,11 @@ class CallSpec:
         Raises:
             InvalidKeyError: no key (none configured and none passed), or a malformed one.
             TypeError: the arguments do not fit the signature.
-            ConfigurationError: an argument the fingerprint covers is not JSON (named).
+            ArgumentError: an argument the fingerprint covers is not JSON (named).
+            ConfigurationError: the return annotation cannot be resolved (named; nothing ran).
         """
+        if self._annotation is None:
+            self._resolve(at_call=True)
         given: object = None
         if KEY_ARGUMENT in kwargs and not self.takes_key:
             kwargs = dict(kwargs)
@@ -220,21 +253,23 @@ class CallSpec:
             fingerprint = call_fingerprint(self.name, covered)
         except TypeError as exc:
             bad = next((n for n, v in covered.items() if not _jsonable(v)), "?")
-            raise ConfigurationError(
+            raise ArgumentError(
                 f"{self.name}(): argument {bad!r} cannot be fingerprinted ({exc}); leave it out "
-                "with fingerprint=[...] naming the arguments that identify the call"
+                "with fingerprint=[...] naming the arguments that identify the call",
+                argument=bad,
             ) from exc
         return key, fingerprint, kwargs
 
     # -- outcomes ---------------------------------------------------------------------------
 
     def annotation(self) -> Any:
-        """The function's return annotation, resolved (``Any`` when there is none)."""
+        """The function's return annotation, resolved (``Any`` when there is none).
+
+        Raises:
+            ConfigurationError: it cannot be resolved at run time (named).
+        """
         if self._annotation is None:
-            hints = type_hints(self.function)
-            self._annotation = hints.get("return", Any)
-            if self._annotation is type(None):
-                self._annotation = Any
+            self._resolve(at_call=True)
         return self._annotation
 
     def encode_result(self, value: Any) -> bytes:
