@@ -21,7 +21,14 @@ from __future__ import annotations
 
 from .._core.transaction import sync_mark_committed as mark_committed
 from .._core.transaction import sync_transaction as transaction
-from ._delivery import IN_PROGRESS_RETRY_MAX, STORE_RETRY_AFTER, Delivery, Status, refused
+from ._delivery import (
+    IN_PROGRESS_RETRY_MAX,
+    STORE_RETRY_AFTER,
+    Delivery,
+    DeliveryOptions,
+    Status,
+    refused,
+)
 from ._function import IdempotentFunction, idempotent_function, make_function
 from ._options import (
     CALL_OPTIONS,
@@ -46,6 +53,7 @@ __all__ = [
     "STORE_RETRY_AFTER",
     "CallOptions",
     "Delivery",
+    "DeliveryOptions",
     "FunctionOptions",
     "HandlerOptions",
     "IdempotentFunction",

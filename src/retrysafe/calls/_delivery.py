@@ -16,7 +16,7 @@ key reused / outcome unknown      ``key_reused`` /             ``dead_letter`` (
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict
 
 from .._core.errors import InProgressError, KeyReusedError, OutcomeUnknownError, StoreError
 
@@ -25,6 +25,7 @@ __all__ = [
     "REFUSALS",
     "STORE_RETRY_AFTER",
     "Delivery",
+    "DeliveryOptions",
     "Status",
     "refused",
 ]
@@ -41,6 +42,21 @@ IN_PROGRESS_RETRY_MAX = 5
 
 #: The call errors that are a delivery's answer, not a failure of the handler.
 REFUSALS = (InProgressError, KeyReusedError, OutcomeUnknownError, StoreError)
+
+
+class DeliveryOptions(TypedDict, total=False):
+    """Where one delivery's key comes from, and who delivers it again.
+
+    Attributes:
+        key: the message's key (a header, a message option): it wins over the arguments.
+        fallback: the key when neither the message nor the arguments give one (a task's id:
+            the same for every redelivery of one message).
+        queue: the queue sends the message again itself (see :func:`refused`).
+    """
+
+    key: object
+    fallback: object
+    queue: bool
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,7 +26,7 @@ from .._sync._keeper import LeaseKeeper
 from .._sync.runner import CallRun, Runner
 from ..stores import AsyncStore, Store, resolve_async_store, resolve_store
 from ..stores._inline import InlineAsyncStore
-from ._delivery import REFUSALS, Delivery, refused
+from ._delivery import REFUSALS, Delivery, DeliveryOptions, refused
 from ._options import FunctionOptions, call_config, split_options
 
 __all__ = ["IdempotentFunction", "idempotent_function", "make_function"]
@@ -117,22 +117,17 @@ class IdempotentFunction(Generic[P, R]):
     # -- one delivery of a message ------------------------------------------------------------
 
     def _keyed(
-        self, args: tuple[Any, ...], kwargs: dict[str, Any], key: object, fallback: object
+        self, args: tuple[Any, ...], kwargs: dict[str, Any], message: DeliveryOptions
     ) -> tuple[Call, dict[str, Any]]:
+        key = message.get("key")
         if key is None and KEY_ARGUMENT not in kwargs and not self.computes_key:
-            key = fallback
+            key = message.get("fallback")
         if key is not None:
             kwargs = {**kwargs, KEY_ARGUMENT: key}
         return self.prepare(args, kwargs)
 
     def deliver(
-        self,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        *,
-        key: object = None,
-        fallback: object = None,
-        queue: bool = False,
+        self, args: tuple[Any, ...], kwargs: dict[str, Any], **message: Unpack[DeliveryOptions]
     ) -> Delivery:
         """One delivery of a message to a ``def`` function: what it came to (every message front
         runs a delivery through here: the consumer, Celery, Dramatiq...).
@@ -141,11 +136,8 @@ class IdempotentFunction(Generic[P, R]):
             args: the function's positional arguments.
             kwargs: its keyword arguments (with ``idempotency_key=`` when the producer put the
                 key there).
-            key: the message's key (a header, a message option): it wins over the arguments.
-            fallback: the key when neither the message nor the arguments give one (a task's id:
-                the same for every redelivery of one message).
-            queue: the queue sends the message again itself (see
-                :func:`~retrysafe.calls.refused`).
+            **message: :class:`~retrysafe.calls.DeliveryOptions`: the message's ``key``, the
+                ``fallback`` key, ``queue``.
 
         Returns:
             The :class:`Delivery` (``key_reused``, ``outcome_unknown`` carry the error).
@@ -156,29 +148,23 @@ class IdempotentFunction(Generic[P, R]):
             BaseException: what the function raised (its key is freed: the next delivery runs
                 it), or a final exception (stored, raised for every copy).
         """
-        call, call_kwargs = self._keyed(args, kwargs, key, fallback)
+        call, call_kwargs = self._keyed(args, kwargs, message)
         try:
             result = self.invoke(call, args, call_kwargs)
         except REFUSALS as error:
-            return refused(error, queue=queue)
+            return refused(error, queue=message.get("queue", False))
         return Delivery("replayed" if call.replayed else "executed", result)
 
     async def adeliver(
-        self,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        *,
-        key: object = None,
-        fallback: object = None,
-        queue: bool = False,
+        self, args: tuple[Any, ...], kwargs: dict[str, Any], **message: Unpack[DeliveryOptions]
     ) -> Delivery:
         """:meth:`deliver` for an ``async def`` function."""
-        call, call_kwargs = self._keyed(args, kwargs, key, fallback)
+        call, call_kwargs = self._keyed(args, kwargs, message)
         try:
             pending: Awaitable[Any] = self.invoke(call, args, call_kwargs)  # type: ignore[assignment]
             result = await pending
         except REFUSALS as error:
-            return refused(error, queue=queue)
+            return refused(error, queue=message.get("queue", False))
         return Delivery("replayed" if call.replayed else "executed", result)
 
     def passthrough(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
