@@ -24,7 +24,8 @@ What it does, in order:
    request, no server), runs the micro-benchmarks
    (``pytest bench/test_micro.py --benchmark-only``), and measures the Prometheus hook's cost
    per keyed request in-process (``executed`` + ``settled`` through the middleware's own
-   emit), in single-process and multiprocess mode.
+   emit), in single-process and multiprocess mode, and what ``?replicas=1`` costs a new key on
+   a Redis master with one replica of its own (``bench/replicas.py``).
 6. Measures ``retrysafe proxy`` in front of the bare endpoint (``bench/sidecar.py``): direct,
    nginx from Debian's package as a plain reverse proxy, the proxy with no key, a new key and
    replays on memory, SQLite and Redis, at 1, 32 and 128 connections, with the proxy's and the
@@ -78,7 +79,7 @@ SCENARIO_TITLES = {
     "replay": "replay of one stored key",
     "nokey": "no key (pass-through)",
 }
-STORES = ("memory", "sqlite", "redis", "postgres")
+STORES = ("memory", "sqlite", "redis", "postgres", "mysql")
 
 # Peers from PyPI, pinned (the versions measured); each one runs on Redis.
 PEERS: dict[str, str] = {
@@ -484,6 +485,34 @@ def postgres_reachable(url: str) -> str | None:
     return None
 
 
+def mysql_connect(url: str) -> Any:
+    from urllib.parse import unquote, urlsplit
+
+    import pymysql
+
+    parts = urlsplit(url)
+    return pymysql.connect(
+        host=parts.hostname or "127.0.0.1",
+        port=parts.port or 3306,
+        user=unquote(parts.username or "root"),
+        password=unquote(parts.password or ""),
+        database=parts.path.strip("/"),
+        autocommit=True,
+        connect_timeout=3,
+    )
+
+
+def mysql_reachable(url: str) -> str | None:
+    if not module_available("pymysql"):
+        return "pymysql is not installed"
+    try:
+        with mysql_connect(url) as conn, conn.cursor() as cur:
+            cur.execute("SELECT 1")
+    except Exception as exc:
+        return f"MySQL at {url} unreachable ({exc.__class__.__name__})"
+    return None
+
+
 def postgres_store_url(base: str, schema: str, app_name: str) -> str:
     """The store URL of the scratch schema's table, with an application_name to find it."""
     sep = "&" if "?" in base else "?"
@@ -812,6 +841,29 @@ def markdown(report: dict[str, Any]) -> str:
                 f"| {found['replay']:.1f} | {found['overhead']:.1f} |"
             )
         lines.append("")
+    if report.get("replicas_us"):
+        import replicas
+
+        lines += replicas.markdown(report["replicas_us"], 32)
+    if report.get("grpc_us"):
+        lines += [
+            "## gRPC: a unary call through the interceptor over the bare call (bench/rpc.py)",
+            "",
+            "A real server on loopback, one caller, CPU us per call of the process holding "
+            "client and server (best of 3 rounds, bare, new key and replay interleaved). "
+            "New key: the first call with its key; replay: a repeat (the stored response, "
+            "nothing runs).",
+            "",
+            "| store | server | bare us | new key us | replay us | overhead us |",
+            "|---|---|---:|---:|---:|---:|",
+        ]
+        for name, found in report["grpc_us"].items():
+            store, _, face = name.partition(" ")
+            lines.append(
+                f"| {store} | {face} | {found['bare']:.1f} | {found['new key']:.1f} "
+                f"| {found['replay']:.1f} | {found['overhead']:.1f} |"
+            )
+        lines.append("")
     if report.get("tasks_ms"):
         lines += [
             "## Celery: a keyed task over the bare task (bench/tasks.py)",
@@ -951,18 +1003,52 @@ def inprocess_figures() -> dict[str, float] | None:
 def call_figures(env_urls: dict[str, str]) -> dict[str, dict[str, float]] | None:
     """Microseconds per call of ``idempotent_function`` over the bare call, on each available
     store, def and async def (bench/calls.py), in a process of its own."""
-    command = [sys.executable, str(BENCH / "calls.py"), "--json", "/dev/stdout"]
+    options = []
     if "BENCH_POSTGRES_URL" in env_urls:
-        command += ["--postgres-url", env_urls["BENCH_POSTGRES_URL"]]
+        options += ["--postgres-url", env_urls["BENCH_POSTGRES_URL"]]
     if "BENCH_REDIS_URL" in env_urls:
-        command += ["--redis-url", env_urls["BENCH_REDIS_URL"]]
+        options += ["--redis-url", env_urls["BENCH_REDIS_URL"]]
+    figures = _json_figures("calls.py", options, "call")
+    for name, found in (figures or {}).items():
+        log(f"call {name}: {found['overhead']:.1f} us over the bare call ({found})")
+    return figures
+
+
+def _json_figures(script: str, options: list[str], what: str) -> dict[str, Any] | None:
+    """Run ``bench/<script> --json /dev/stdout`` in a process of its own; its figures, or
+    ``None`` (logged) when it failed."""
+    command = [sys.executable, str(BENCH / script), "--json", "/dev/stdout", *options]
     result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode != 0:
-        log(f"call figures failed: {result.stderr.strip()[-300:]}")
+        log(f"{what} figures failed: {result.stderr.strip()[-300:]}")
+        return None
+    figures: dict[str, Any] = json.loads(result.stdout[result.stdout.index("{") :])
+    return figures
+
+
+def replica_figures() -> dict[str, dict[str, float]] | None:
+    """A new key on Redis with ``?replicas=1`` beside the default, on a master with one replica
+    of the benchmark's own (bench/replicas.py), in a process of its own (None without
+    redis-server on PATH)."""
+    if shutil.which("redis-server") is None or not module_available("redis"):
+        return None
+    figures = _json_figures("replicas.py", [], "replica")
+    for replicas, found in (figures or {}).items():
+        log(f"redis replicas={replicas}: {found}")
+    return figures
+
+
+def rpc_figures() -> dict[str, dict[str, float]] | None:
+    """Microseconds per unary gRPC call through the interceptors over the bare call, on the
+    local stores, sync and aio (bench/rpc.py), in a process of its own."""
+    command = [sys.executable, str(BENCH / "rpc.py"), "--json", "/dev/stdout"]
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:
+        log(f"gRPC figures failed: {result.stderr.strip()[-300:]}")
         return None
     figures: dict[str, dict[str, float]] = json.loads(result.stdout[result.stdout.index("{") :])
     for name, found in figures.items():
-        log(f"call {name}: {found['overhead']:.1f} us over the bare call ({found})")
+        log(f"gRPC {name}: {found['overhead']:.1f} us over the bare call ({found})")
     return figures
 
 
@@ -1053,6 +1139,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--postgres-url",
         default=os.environ.get("BENCH_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"),
     )
+    parser.add_argument(
+        "--mysql-url", default=os.environ.get("BENCH_MYSQL_URL", "mysql://root@127.0.0.1:3306/test")
+    )
     return parser.parse_args(argv)
 
 
@@ -1106,7 +1195,9 @@ def main(argv: list[str] | None = None) -> int:
     # Stores: module present? service reachable?
     available: list[str] = []
     for store in stores:
-        if store in ("redis", "postgres") and not module_available(f"retrysafe.stores.{store}"):
+        if store in ("redis", "postgres", "mysql") and not module_available(
+            f"retrysafe.stores.{store}"
+        ):
             skipped[f"retrysafe/{store}"] = f"module retrysafe.stores.{store} is not there yet"
             continue
         if store == "redis":
@@ -1121,6 +1212,11 @@ def main(argv: list[str] | None = None) -> int:
                 skipped["retrysafe/postgres"] = problem
                 continue
             env_urls["BENCH_POSTGRES_URL"] = args.postgres_url
+        if store == "mysql":
+            problem = mysql_reachable(args.mysql_url)
+            if problem:
+                skipped["retrysafe/mysql"] = problem
+                continue
         available.append(store)
 
     micro: list[dict[str, Any]] = []
@@ -1162,8 +1258,11 @@ def main(argv: list[str] | None = None) -> int:
                 conn.execute(f'CREATE SCHEMA "{pg_schema}"')
             pg_created = True
             url = postgres_store_url(args.postgres_url, pg_schema, pg_schema)
+        if store == "mysql":
+            sep = "&" if "?" in args.mysql_url else "?"
+            url = f"{args.mysql_url}{sep}table={nonce}_records"
         specs.append(AppSpec(f"retrysafe/{store}", "retrysafe", store, main_python, url))
-        if not args.no_lean:
+        if not args.no_lean and store != "mysql":  # the lean prototype has no MySQL backend
             lean_url = {"sqlite": f"sqlite:///{tmpdir}/lean.db"}.get(store, url)
             if store == "redis":
                 redis_prefixes.append(f"{nonce}:lean:")
@@ -1203,6 +1302,8 @@ def main(argv: list[str] | None = None) -> int:
             url = asgi_spec.store
             if asgi_spec.store_kind == "sqlite":
                 url = f"sqlite:///{tmpdir}/bench-wsgi.db"
+            elif asgi_spec.store_kind == "mysql":
+                url = url.replace(f"table={nonce}_records", f"table={nonce}_wsgi")
             elif asgi_spec.store_kind == "redis":
                 redis_prefixes.append(f"{nonce}:wsgi:")
                 url = url.replace(f"prefix={nonce}:retrysafe:", f"prefix={nonce}:wsgi:")
@@ -1275,6 +1376,7 @@ def main(argv: list[str] | None = None) -> int:
         pg_pids = (
             postgres_pids(args.postgres_url, pg_schema) if pg_created else pids_named("postgres")
         )
+        mysql_pids = pids_named("mariadbd") + pids_named("mysqld")
         for round_no in range(args.repeat):
             for scenario in scenarios:
                 for bare, group in groups:
@@ -1290,9 +1392,11 @@ def main(argv: list[str] | None = None) -> int:
                             sequence.append(bare)
                     round_runs: list[dict[str, Any]] = []
                     for spec in sequence:
-                        store_pids = {"redis": redis_pids, "postgres": pg_pids}.get(
-                            spec.store_kind, []
-                        )
+                        store_pids = {
+                            "redis": redis_pids,
+                            "postgres": pg_pids,
+                            "mysql": mysql_pids,
+                        }.get(spec.store_kind, [])
                         assert spec.proc is not None
                         load_before = os.getloadavg()[0]
                         before = server_cpu(spec.proc.pid) or 0.0
@@ -1358,6 +1462,11 @@ def main(argv: list[str] | None = None) -> int:
             with contextlib.suppress(Exception):
                 n = redis_cleanup(args.redis_url, redis_prefixes)
                 log(f"removed {n} Redis keys under {nonce}:*")
+        if "mysql" in available:
+            with contextlib.suppress(Exception), mysql_connect(args.mysql_url) as conn:
+                for table in (f"{nonce}_records", f"{nonce}_wsgi"):
+                    conn.cursor().execute(f"DROP TABLE IF EXISTS `{table}`")
+                log(f"dropped MySQL tables {nonce}_*")
         if pg_created:
             with contextlib.suppress(Exception), postgres_connect(args.postgres_url) as conn:
                 conn.execute(f'DROP SCHEMA "{pg_schema}" CASCADE')
@@ -1372,7 +1481,9 @@ def main(argv: list[str] | None = None) -> int:
     hook_cost = metrics_hook_cost()
     inprocess = inprocess_figures()
     calls = call_figures(env_urls)
+    replicas = replica_figures()
     tasks = task_figures(env_urls)
+    rpc = rpc_figures()
 
     rows = summarize(runs, specs)
     versions = {p: v for p in SHARED_STACK if (v := version_of(p))}
@@ -1407,7 +1518,9 @@ def main(argv: list[str] | None = None) -> int:
         "metrics_hook_us": hook_cost,
         "inprocess_us": inprocess,
         "calls_us": calls,
+        "replicas_us": replicas,
         "tasks_ms": tasks,
+        "grpc_us": rpc,
         "runs": runs,
         "sidecar": sidecar_report,
     }

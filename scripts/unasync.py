@@ -236,6 +236,26 @@ TWINS = [
         ],
     ),
     Twin(
+        "src/retrysafe/stores/mysql/_async.py",
+        "src/retrysafe/stores/mysql/_sync.py",
+        [
+            (r'^"""The async MySQL store:', '"""The sync MySQL store:'),
+            (
+                r"The sync twin, ``_sync\.py`` \(PyMySQL\), is generated from this file by "
+                r"``scripts/unasync\.py``\n\(``make lint`` checks that it is up to date\): edit "
+                r"this file, then run the script\.",
+                "This file is generated from ``_async.py`` by ``scripts/unasync.py`` (``make "
+                "lint`` checks\nthat it is up to date): edit that file, then run the script.",
+            ),
+            (r"\bAsyncMySQLStore\b", "MySQLStore"),
+            (r"\bAsyncMySQLTransaction\b", "MySQLTransaction"),
+            (r"\bAsyncmyDriver\b", "PyMySQLDriver"),
+            (r"\b_asyncmy\b", "_pymysql"),
+            (r"\basyncmy\b", "PyMySQL"),
+            (r"\bAsyncStore\b", "Store"),
+        ],
+    ),
+    Twin(
         "src/retrysafe/stores/redis/_client.py",
         "src/retrysafe/stores/redis/_client_sync.py",
         [
@@ -248,6 +268,7 @@ TWINS = [
             ),
             (r"redis-py asyncio client", "redis-py sync client"),
             (r"``redis\.asyncio\.Redis``", "``redis.Redis``"),
+            (r"\bpipeline_async\b", "pipeline_sync"),
         ],
     ),
     Twin(

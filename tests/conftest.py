@@ -20,6 +20,7 @@ REDIS_URL = os.environ.get("RETRYSAFE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0
 POSTGRES_URL = os.environ.get(
     "RETRYSAFE_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"
 )
+MYSQL_URL = os.environ.get("RETRYSAFE_TEST_MYSQL_URL", "mysql://root@127.0.0.1:3306/test")
 AMQP_URL = os.environ.get("RETRYSAFE_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2F")
 #: Unique per test run: every key, prefix and schema a run creates carries it, so a run never
 #: touches data it did not create.
@@ -60,6 +61,15 @@ def postgres_url() -> str:
     if problem:
         service_missing("PostgreSQL", problem)
     return POSTGRES_URL
+
+
+@pytest.fixture(scope="session")
+def mysql_url() -> str:
+    """URL of the real MySQL or MariaDB under test (RETRYSAFE_TEST_MYSQL_URL)."""
+    problem = _reachable(MYSQL_URL, 3306)
+    if problem:
+        service_missing("MySQL/MariaDB", problem)
+    return MYSQL_URL
 
 
 @pytest.fixture(scope="session")

@@ -43,7 +43,13 @@ class _StoreFailed(Exception):
 
 
 #: The extra that brings a store driver, for a store that imports its driver on first use.
-_DRIVER_EXTRAS = {"psycopg": "postgres", "psycopg_pool": "postgres", "redis": "redis"}
+_DRIVER_EXTRAS = {
+    "psycopg": "postgres",
+    "psycopg_pool": "postgres",
+    "pymysql": "mysql",
+    "asyncmy": "mysql",
+    "redis": "redis",
+}
 
 
 def _reach(operation: Callable[..., object], *args: object) -> None:

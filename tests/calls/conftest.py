@@ -1,6 +1,7 @@
-"""Stores for the call tests: every backend by URL (ids memory, sqlite, postgres, redis), so the
-same URL opens the sync face, the async face, and (except memory) the same records from another
-process. Each test gets fresh records: a new SQLite file, PostgreSQL table or Redis prefix."""
+"""Stores for the call tests: every backend by URL (ids memory, sqlite, postgres, mysql, redis), so
+the same URL opens the sync face, the async face, and (except memory) the same records from
+another process. Each test gets fresh records: a new SQLite file, PostgreSQL or MySQL table or
+Redis prefix."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from ..stores import backend_mysql
 from ..stores.backend_postgres import fresh_table_url
 from ..stores.backend_redis import delete_prefixed, unique_prefix, with_prefix
 
@@ -29,7 +31,7 @@ class StoreURL:
     @property
     def sql(self) -> bool:
         """Whether the store has transactional mode."""
-        return self.id in ("sqlite", "postgres")
+        return self.id in ("sqlite", "postgres", "mysql")
 
 
 def make_store_url(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[StoreURL]:
@@ -40,6 +42,8 @@ def make_store_url(kind: str, request: pytest.FixtureRequest, tmp_path: Path) ->
         yield StoreURL(kind, f"sqlite:///{tmp_path}/calls.db")
     elif kind == "postgres":
         yield StoreURL(kind, fresh_table_url(request, max_size="20"))
+    elif kind == "mysql":
+        yield StoreURL(kind, backend_mysql.fresh_table_url(request, max_size="20"))
     else:
         base: str = request.getfixturevalue("redis_url")
         prefix = unique_prefix("calls")
@@ -51,7 +55,7 @@ def make_store_url(kind: str, request: pytest.FixtureRequest, tmp_path: Path) ->
 
 ALL = [pytest.param(kind, id=kind) for kind in ("memory", "sqlite", "postgres", "redis")]
 SHARED = [pytest.param(kind, id=kind) for kind in ("sqlite", "postgres", "redis")]
-SQL = [pytest.param(kind, id=kind) for kind in ("sqlite", "postgres")]
+SQL = [pytest.param(kind, id=kind) for kind in ("sqlite", "postgres", "mysql")]
 
 
 @pytest.fixture(params=ALL)

@@ -1,4 +1,4 @@
-"""Same-transaction mode for calls on SQLite and PostgreSQL, ``def`` and ``async def``: the
+"""Same-transaction mode for calls on SQLite, PostgreSQL and MySQL, ``def`` and ``async def``: the
 function's writes on ``transaction()`` and its stored result commit together. A caller process
 SIGKILLed at points spread over the call (before its write, between its write and the commit,
 after it returned) leaves both (the retry replays) or neither (the retry runs), never one."""
@@ -13,6 +13,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qsl, urlsplit
 
 import pytest
 
@@ -21,11 +22,12 @@ from retrysafe import functions, idempotent_function
 from retrysafe._core.call import call_record_id
 from retrysafe.stores import store_from_url
 
+from ..stores import backend_mysql
 from ..stores.backend_postgres import admin_connect
 from .conftest import StoreURL
 from .faces import FACES, Face
 from .test_processes import killed, wait_for, worker
-from .workers import NAME
+from .workers import NAME, insert_async, insert_sync
 
 pytestmark = pytest.mark.e2e
 
@@ -51,6 +53,11 @@ class Effects:
             self.table = "effects"
             with sqlite3.connect(self.path) as conn:
                 conn.execute("CREATE TABLE IF NOT EXISTS effects (k TEXT NOT NULL)")
+        elif store.id == "mysql":
+            table = dict(parse_qsl(urlsplit(store.url).query))["table"]
+            self.table = f"{table}_effects"  # dropped with the run's tables
+            with backend_mysql.admin_connect(store.url) as conn, conn.cursor() as cur:
+                cur.execute(f"CREATE TABLE {self.table} (k VARCHAR(200) NOT NULL) ENGINE=InnoDB")
         else:
             schema = store.url.split("table=", 1)[1].split(".", 1)[0].split("&", 1)[0]
             self.table = f"{schema}.effects_{uuid.uuid4().hex[:8]}"
@@ -61,6 +68,10 @@ class Effects:
         if self.store.id == "sqlite":
             with sqlite3.connect(self.path) as conn:
                 row = conn.execute("SELECT count(*) FROM effects WHERE k = ?", (key,)).fetchone()
+        elif self.store.id == "mysql":
+            with backend_mysql.admin_connect(self.store.url) as conn, conn.cursor() as cur:
+                cur.execute(f"SELECT count(*) FROM {self.table} WHERE k = %s", (key,))
+                row = cur.fetchone()
         else:
             with admin_connect(self.store.url) as conn:
                 query = f"SELECT count(*) FROM {self.table} WHERE k = %s"
@@ -79,15 +90,10 @@ def _inserting(
 ) -> Any:
     """An idempotent function that inserts its key into ``table`` on its transaction, then
     returns the key (or raises ``raising``)."""
-    sqlite = store.id == "sqlite"
     if face.is_async:
 
         async def charge(order_id: str) -> str:
-            conn = await retrysafe.transaction()
-            if sqlite:
-                conn.execute(f"INSERT INTO {table} (k) VALUES (?)", (order_id,))
-            else:
-                await conn.execute(f"INSERT INTO {table} (k) VALUES ($1)", order_id)
+            await insert_async(await retrysafe.transaction(), store.url, table, order_id)
             if raising is not None:
                 raise raising
             return order_id
@@ -96,8 +102,7 @@ def _inserting(
     else:
 
         def charge_sync(order_id: str) -> str:
-            mark = "?" if sqlite else "$1"  # psycopg's RawCursor: PostgreSQL's own placeholders
-            functions.transaction().execute(f"INSERT INTO {table} (k) VALUES ({mark})", (order_id,))
+            insert_sync(functions.transaction(), store.url, table, order_id)
             if raising is not None:
                 raise raising
             return order_id
@@ -115,6 +120,24 @@ def _retry_function(face: Face, store: StoreURL, table: str) -> Any:
 async def test_a_killed_caller_leaves_its_writes_and_result_both_or_neither(
     sql_store: StoreURL, effects: Effects, face: Face, tmp_path: Path, killed: list[Any]
 ) -> None:
+    await _kill_callers(sql_store, effects, face, tmp_path, killed)
+
+
+@pytest.mark.parametrize("sql_store", [pytest.param("mysql", id="mysql")], indirect=True)
+async def test_a_killed_caller_s_sqlalchemy_session_writes_commit_with_the_result_or_vanish(
+    sql_store: StoreURL, effects: Effects, face: Face, tmp_path: Path, killed: list[Any]
+) -> None:
+    await _kill_callers(sql_store, effects, face, tmp_path, killed, "orm")
+
+
+async def _kill_callers(
+    sql_store: StoreURL,
+    effects: Effects,
+    face: Face,
+    tmp_path: Path,
+    killed: list[Any],
+    *mode: str,
+) -> None:
     probe = store_from_url(sql_store.url)
     retry = _retry_function(face, sql_store, effects.table)
     seen: set[tuple[int, bool]] = set()
@@ -122,7 +145,7 @@ async def test_a_killed_caller_leaves_its_writes_and_result_both_or_neither(
         for delay in KILL_AFTER:
             key = f"order-{uuid.uuid4().hex}"
             ready = tmp_path / f"ready-{key}"
-            proc = worker("tx", sql_store.url, face.kind, key, str(ready), effects.table)
+            proc = worker("tx", sql_store.url, face.kind, key, str(ready), effects.table, *mode)
             killed.append(proc)
             wait_for(ready, proc)
             if delay is None:
@@ -176,7 +199,11 @@ async def test_a_call_that_never_asks_for_the_connection_completes_plainly(
         await face.close(fn)
 
 
-@pytest.mark.parametrize("sql_store", [pytest.param("postgres", id="postgres")], indirect=True)
+@pytest.mark.parametrize(
+    "sql_store",
+    [pytest.param("postgres", id="postgres"), pytest.param("mysql", id="mysql")],
+    indirect=True,
+)
 async def test_a_paused_caller_fenced_out_at_its_commit_rolls_its_writes_back(
     sql_store: StoreURL, effects: Effects, face: Face, tmp_path: Path, killed: list[Any]
 ) -> None:

@@ -9,9 +9,10 @@
 - ``pause URL FACE KEY READY LEASE [TABLE]``: one call with a LEASE-second lease that (with TABLE,
   transactionally) inserts KEY into TABLE, writes READY, sleeps 3 s and returns ``"first"``: the
   test SIGSTOPs it past its lease. Prints the call's outcome as one JSON line.
-- ``tx URL FACE KEY READY TABLE``: one transactional call that inserts KEY into TABLE on the
-  call's transaction, pausing before and after the insert, returns, and then the process waits
-  to be SIGKILLed (at a random point of all that).
+- ``tx URL FACE KEY READY TABLE [orm]``: one transactional call that inserts KEY into TABLE on
+  the call's transaction (with ``orm``, through a SQLAlchemy session on it), pausing before and
+  after the insert, returns, and then the process waits to be SIGKILLed (at a random point of
+  all that).
 """
 
 from __future__ import annotations
@@ -29,6 +30,29 @@ import retrysafe
 from retrysafe import functions, idempotent_function
 
 NAME = "tests.calls.charge"
+
+
+def insert_sync(conn: Any, url: str, table: str, key: str) -> None:
+    """Insert ``key`` into ``table`` on a ``def`` call's transaction connection, in its driver's
+    own placeholder style (sqlite3 ``?``, psycopg's raw cursor ``$1``, PyMySQL ``%s``)."""
+    if url.startswith("sqlite"):
+        conn.execute(f"INSERT INTO {table} (k) VALUES (?)", (key,))
+    elif url.startswith("mysql"):
+        with conn.cursor() as cur:
+            cur.execute(f"INSERT INTO {table} (k) VALUES (%s)", (key,))
+    else:
+        conn.execute(f"INSERT INTO {table} (k) VALUES ($1)", (key,))
+
+
+async def insert_async(conn: Any, url: str, table: str, key: str) -> None:
+    """The same on an ``async def`` call's connection (sqlite3, asyncpg ``$1``, asyncmy ``%s``)."""
+    if url.startswith("sqlite"):
+        conn.execute(f"INSERT INTO {table} (k) VALUES (?)", (key,))
+    elif url.startswith("mysql"):
+        async with conn.cursor() as cur:
+            await cur.execute(f"INSERT INTO {table} (k) VALUES (%s)", (key,))
+    else:
+        await conn.execute(f"INSERT INTO {table} (k) VALUES ($1)", key)
 
 
 def _mark(path: str, text: str) -> None:
@@ -117,19 +141,35 @@ def hold(url: str, face: str, key: str, ready: str, commit: bool) -> None:
         idempotent_function(charge_sync, store=url, key="order_id", name=NAME)(key)
 
 
-def tx(url: str, face: str, key: str, ready: str, table: str) -> None:
-    sqlite = url.startswith("sqlite")
-    # The PostgreSQL store's psycopg connections use PostgreSQL's own $1 placeholders.
-    insert = f"INSERT INTO {table} (k) VALUES ({'?' if sqlite else '$1'})"
+async def _orm_insert_async(url: str, table: str, key: str) -> None:
+    from sqlalchemy import text
+
+    from retrysafe.contrib.sqlalchemy import async_session, session
+
+    insert = text(f"INSERT INTO {table} (k) VALUES (:k)")
+    if url.startswith("sqlite"):
+        (await session()).execute(insert, {"k": key})
+    else:
+        await (await async_session()).execute(insert, {"k": key})
+
+
+def _orm_insert_sync(table: str, key: str) -> None:
+    from sqlalchemy import text
+
+    from retrysafe.contrib.sqlalchemy import call_session
+
+    call_session().execute(text(f"INSERT INTO {table} (k) VALUES (:k)"), {"k": key})
+
+
+def tx(url: str, face: str, key: str, ready: str, table: str, orm: bool = False) -> None:
     if face == "async":
 
         async def charge(order_id: str) -> str:
             await asyncio.sleep(0.05)
-            conn = await retrysafe.transaction()
-            if sqlite:
-                conn.execute(insert, (order_id,))
+            if orm:
+                await _orm_insert_async(url, table, order_id)
             else:
-                await conn.execute(f"INSERT INTO {table} (k) VALUES ($1)", order_id)
+                await insert_async(await retrysafe.transaction(), url, table, order_id)
             await asyncio.sleep(0.05)
             return order_id
 
@@ -147,7 +187,10 @@ def tx(url: str, face: str, key: str, ready: str, table: str) -> None:
 
         def charge_sync(order_id: str) -> str:
             time.sleep(0.05)
-            functions.transaction().execute(insert, (order_id,))
+            if orm:
+                _orm_insert_sync(table, order_id)
+            else:
+                insert_sync(functions.transaction(), url, table, order_id)
             time.sleep(0.05)
             return order_id
 
@@ -162,15 +205,13 @@ def tx(url: str, face: str, key: str, ready: str, table: str) -> None:
 
 
 def pause(url: str, face: str, key: str, ready: str, lease: float, table: str) -> None:
-    sqlite = url.startswith("sqlite")
     options: dict[str, Any] = {"lease": lease, "transactional": bool(table)}
     outcome: Any
     if face == "async":
 
         async def charge(order_id: str) -> str:
             if table:
-                conn = await retrysafe.transaction()
-                await conn.execute(f"INSERT INTO {table} (k) VALUES ($1)", order_id)
+                await insert_async(await retrysafe.transaction(), url, table, order_id)
             _mark(ready, "running")
             await asyncio.sleep(3.0)
             return "first"
@@ -184,8 +225,7 @@ def pause(url: str, face: str, key: str, ready: str, lease: float, table: str) -
 
         def charge_sync(order_id: str) -> str:
             if table:
-                mark = "?" if sqlite else "$1"
-                functions.transaction().execute(f"INSERT INTO {table} (k) VALUES ({mark})", (key,))
+                insert_sync(functions.transaction(), url, table, key)
             _mark(ready, "running")
             time.sleep(3.0)
             return "first"
@@ -208,7 +248,7 @@ def main(argv: list[str]) -> None:
     elif mode == "pause":
         pause(url, face, key, rest[0], float(rest[1]), rest[2] if len(rest) > 2 else "")
     elif mode == "tx":
-        tx(url, face, key, rest[0], rest[1])
+        tx(url, face, key, rest[0], rest[1], orm=rest[2:] == ["orm"])
     else:  # pragma: no cover
         raise SystemExit(f"unknown mode {mode}")
 

@@ -8,7 +8,8 @@ server does) and behind a framework integration driven through the framework's o
 ``django`` and ``django-async``: Django views under ``retrysafe.contrib.django``, see
 ``django_front.py``; any such front implements :class:`ClientFront` and is named in
 :func:`client_front`). Tests talk to every shell through one sync API (:meth:`Service.post`)
-and use threads for concurrency, so every test reads the same on every front.
+and use threads for concurrency, so every test reads the same on every front. (Shell
+``aiohttp``: an aiohttp.web app on aiohttp's test server, see ``aiohttp_front.py``.)
 
 The app's one route (any path) counts its runs per path (the "effect") and takes knobs from the
 query string:
@@ -75,7 +76,7 @@ REPLAYED = "idempotency-replayed"
 WAIT = 15.0
 
 #: The shells that take the backend's async store; every other shell takes its sync store.
-ASYNC_SHELLS = frozenset({"asgi", "django-async"})
+ASYNC_SHELLS = frozenset({"asgi", "django-async", "aiohttp"})
 
 Headers = Sequence[tuple[str | bytes, str | bytes]] | dict[str, str] | None
 
@@ -189,6 +190,15 @@ class HandlerFailed(RuntimeError):
     """What the app raises for ``fail=...``."""
 
 
+async def streamed(p: Plan) -> AsyncIterator[bytes]:
+    """The planned body as an async app streams it (``fail=midway``: failing after a chunk)."""
+    for i, chunk in enumerate(p.chunks):
+        await asyncio.sleep(0)
+        if i == 1 and p.midway:
+            raise HandlerFailed("the body failed midway")
+        yield chunk
+
+
 # -- the ASGI front --------------------------------------------------------------------------
 
 
@@ -208,15 +218,7 @@ def asgi_app(world: World) -> Starlette:
         if p.fail:
             raise HandlerFailed("the handler failed")
         if len(p.chunks) > 1:
-
-            async def stream() -> AsyncIterator[bytes]:
-                for i, chunk in enumerate(p.chunks):
-                    await asyncio.sleep(0)
-                    if i == 1 and p.midway:
-                        raise HandlerFailed("the body failed midway")
-                    yield chunk
-
-            response: Response = StreamingResponse(stream(), status_code=p.status)
+            response: Response = StreamingResponse(streamed(p), status_code=p.status)
         else:
             response = Response(p.chunks[0], status_code=p.status)
         # Every header as planned, repeated fields included (a dict would merge them).
@@ -438,6 +440,10 @@ def client_front(shell: str, store: Any, world: World, **options: Any) -> Client
         from .django_front import DjangoAsyncFront
 
         return DjangoAsyncFront(store, world, **options)
+    if shell == "aiohttp":
+        from .aiohttp_front import AiohttpFront
+
+        return AiohttpFront(store, world, **options)
     raise ValueError(f"unknown shell {shell!r}")
 
 

@@ -4,6 +4,7 @@ just its side), and the retry runs as if the cut request had never come."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -15,6 +16,9 @@ ORDER = {"item": "book", "quantity": 2}
 #: Shells whose framework drops such a request before the middleware sees it: Django's ASGI
 #: handler reads the whole body first and ends the request, unanswered, at the disconnect.
 DROPPED_BY_THE_FRAMEWORK = {"django-async"}
+#: Shells on a real server that closes the whole connection when the client closes its side:
+#: the middleware sees the body end early (and answers), but no answer can reach the client.
+CLOSED_BY_THE_SERVER = {"aiohttp"}
 
 
 def _assert_nothing_ran_and_the_retry_runs(
@@ -27,7 +31,10 @@ def _assert_nothing_ran_and_the_retry_runs(
         assert status is None
         assert events == []
     else:
-        assert status == 400
+        assert status == (None if shell in CLOSED_BY_THE_SERVER else 400)
+        deadline = time.monotonic() + 5  # a real server may report after the client has left
+        while not events and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert events == ["client_gone"]
     assert world["/orders"] == 0
     retry = svc.post(key="k1", json=ORDER)  # no reservation was left behind: it runs at once

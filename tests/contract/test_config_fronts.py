@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import aiohttp.web
 import pytest
 from fastapi import FastAPI
 from flask import Flask
@@ -29,6 +30,8 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 
 import retrysafe.asgi
+import retrysafe.contrib.aiohttp
+import retrysafe.contrib.grpc
 import retrysafe.wsgi
 from retrysafe import ConfigurationError
 from retrysafe.contrib.fastapi import install
@@ -244,6 +247,36 @@ FRONTS = {
         _keywords("IdempotencyMiddleware"),
         lambda options, tmp: _raised(
             lambda: retrysafe.wsgi.IdempotencyMiddleware(_wsgi_app, store="memory://", **options)
+        ),
+    ),
+    "aiohttp-setup": Front(
+        _same,
+        _keywords("setup"),
+        lambda options, tmp: _raised(
+            lambda: retrysafe.contrib.aiohttp.setup(
+                aiohttp.web.Application(), store="memory://", **options
+            )
+        ),
+    ),
+    "aiohttp-middleware": Front(
+        _same,
+        _keywords("idempotency_middleware"),
+        lambda options, tmp: _raised(
+            lambda: retrysafe.contrib.aiohttp.idempotency_middleware(store="memory://", **options)
+        ),
+    ),
+    "grpc-interceptor": Front(
+        _same,
+        _keywords("IdempotencyInterceptor"),
+        lambda options, tmp: _raised(
+            lambda: retrysafe.contrib.grpc.IdempotencyInterceptor(store="memory://", **options)
+        ),
+    ),
+    "grpc-aio-interceptor": Front(
+        _same,
+        _keywords("AsyncIdempotencyInterceptor"),
+        lambda options, tmp: _raised(
+            lambda: retrysafe.contrib.grpc.AsyncIdempotencyInterceptor(store="memory://", **options)
         ),
     ),
     "flask-config": Front(_upper, lambda key: f"{key} in app.config", _flask_config),

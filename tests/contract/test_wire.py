@@ -352,13 +352,18 @@ def _unreachable(kind: str, shell: str, tmp_path: Path) -> Any:
 
         url = f"postgresql://postgres@127.0.0.1:{port}/test?connect_timeout=1&pool_timeout=1"
         return AsyncPostgresStore(url) if shell in ASYNC_SHELLS else PostgresStore(url)
+    if kind == "mysql":
+        from retrysafe.stores.mysql import AsyncMySQLStore, MySQLStore
+
+        url = f"mysql://root@127.0.0.1:{port}/test?connect_timeout=1&pool_timeout=1"
+        return AsyncMySQLStore(url) if shell in ASYNC_SHELLS else MySQLStore(url)
     from retrysafe.stores.redis import AsyncRedisStore, RedisStore
 
     url = f"redis://127.0.0.1:{port}/0?connect_timeout=0.5&timeout=0.5"
     return AsyncRedisStore(url) if shell in ASYNC_SHELLS else RedisStore(url)
 
 
-DOWN = ["sqlite", "postgres", "redis"]
+DOWN = ["sqlite", "postgres", "mysql", "redis"]
 
 
 @pytest.mark.parametrize("kind", DOWN)

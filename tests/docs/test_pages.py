@@ -40,6 +40,7 @@ def test_each_front_has_a_served_first_endpoint() -> None:
         ("getting-started/django.md", "django"),
         ("getting-started/django.md", "drf"),
         ("getting-started/wsgi.md", "wsgi"),
+        ("getting-started/aiohttp.md", "aiohttp"),
     ]:
         assert (page, name) in served, (page, name)
 

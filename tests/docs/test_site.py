@@ -42,6 +42,7 @@ PUBLIC_MODULES = [
     "retrysafe.consumer",
     "retrysafe.stores",
     "retrysafe.stores.postgres",
+    "retrysafe.stores.mysql",
     "retrysafe.stores.redis",
     "retrysafe.stores.redis_cluster",
     "retrysafe.client",

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from ..conftest import service_missing
+from ..stores import backend_mysql
 from ..stores.backend_postgres import admin_connect, run_schema, with_options
 from .crash import CrashPlan, CrashReport, run_crash_suite
 from .servers import DemoServer, free_port
@@ -147,6 +148,19 @@ def _postgres_mode(
             conn.execute(f'DROP TABLE IF EXISTS "{schema}".orderhub_payments')
 
 
+def _mysql_mode(
+    demo_servers: Callable[..., DemoServer], request: pytest.FixtureRequest, plan: CrashPlan
+) -> CrashReport:
+    """OrderHub's orders and the store's records in one MySQL database of their own."""
+    store = backend_mysql.fresh_database_url(request)
+    servers = [demo_servers(store, db=store, lease=LEASE) for _ in range(2)]
+    try:
+        return asyncio.run(run_crash_suite(servers, plan))
+    finally:
+        for server in servers:
+            server.stop()
+
+
 def _redis_mode(
     demo_servers: Callable[..., DemoServer], tmp_path: Path, plan: CrashPlan
 ) -> CrashReport:
@@ -182,6 +196,14 @@ def test_crash_postgres_transactional_is_exactly_once(
     _assert_exactly_once(report)
 
 
+def test_crash_mysql_transactional_is_exactly_once(
+    demo_servers: Callable[..., DemoServer], request: pytest.FixtureRequest, artifacts: None
+) -> None:
+    report = _mysql_mode(demo_servers, request, SHORT)
+    _report(report, "mysql")
+    _assert_exactly_once(report)
+
+
 def test_crash_redis_never_runs_a_committed_operation_twice(
     demo_servers: Callable[..., DemoServer], tmp_path: Path, artifacts: None
 ) -> None:
@@ -201,7 +223,7 @@ def test_crash_redis_never_runs_a_committed_operation_twice(
 
 @pytest.mark.chaos
 @pytest.mark.timeout(3600)
-@pytest.mark.parametrize("mode", ["sqlite", "postgres", "redis"])
+@pytest.mark.parametrize("mode", ["sqlite", "postgres", "mysql", "redis"])
 def test_chaos_long_run(
     mode: str,
     demo_servers: Callable[..., DemoServer],
@@ -214,6 +236,8 @@ def test_chaos_long_run(
         report = _sqlite_mode(demo_servers, tmp_path, plan)
     elif mode == "postgres":
         report = _postgres_mode(demo_servers, request, plan)
+    elif mode == "mysql":
+        report = _mysql_mode(demo_servers, request, plan)
     else:
         report = _redis_mode(demo_servers, tmp_path, plan)
     _report(report, f"{mode}-long")

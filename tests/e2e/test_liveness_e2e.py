@@ -25,6 +25,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from ..stores import backend_mysql
 from ..stores.backend_postgres import fresh_table_url
 from ..stores.backend_redis import delete_prefixed, unique_prefix, with_prefix
 from .crash import CrashPlan, run_crash_suite
@@ -199,7 +200,7 @@ def test_dead_owner_taken_over_at_once_live_owner_never(
 
 @pytest.mark.chaos
 @pytest.mark.timeout(3600)
-@pytest.mark.parametrize("mode", ["sqlite", "postgres", "redis"])
+@pytest.mark.parametrize("mode", ["sqlite", "postgres", "mysql", "redis"])
 def test_chaos_operation_latency_with_the_default_lease(
     mode: str,
     demo_servers: Callable[..., DemoServer],
@@ -230,6 +231,8 @@ def test_chaos_operation_latency_with_the_default_lease(
     elif mode == "postgres":
         store = fresh_table_url(request)
         db = store.split("?", 1)[0]
+    elif mode == "mysql":
+        store = db = backend_mysql.fresh_database_url(request)
     else:
         base: str = request.getfixturevalue("redis_url")
         prefix = unique_prefix("chaos")

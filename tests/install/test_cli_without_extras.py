@@ -32,6 +32,8 @@ OPTIONAL = [
     "asyncpg",
     "psycopg",
     "psycopg_pool",
+    "pymysql",
+    "asyncmy",
     "sqlalchemy",
     "prometheus_client",
     "opentelemetry",
@@ -87,8 +89,9 @@ def test_a_store_command_on_the_core_store_needs_no_optional_library(tmp_path: o
         (["request", "POST", "http://127.0.0.1:9/x"], "httpx"),
         (["check", "--store", "redis://127.0.0.1:6379/0"], "redis"),
         (["stats", "--store", "postgresql://postgres@127.0.0.1:5432/test"], "postgres"),
+        (["stats", "--store", "mysql://root@127.0.0.1:3306/test"], "mysql"),
     ],
-    ids=["demo", "demo-flask", "proxy", "request", "redis-store", "postgres-store"],
+    ids=["demo", "demo-flask", "proxy", "request", "redis-store", "postgres-store", "mysql-store"],
 )
 def test_a_missing_extra_is_one_line_naming_what_to_install(argv: list[str], extra: str) -> None:
     result = bare(*argv)

@@ -49,6 +49,7 @@ MATRIX: dict[str, tuple[Path, str]] = {
     "none": (OWN, "none"),
     "redis": (OWN, "redis"),
     "postgres": (OWN, "postgres"),
+    "mysql": (OWN, "mysql"),
     "fastapi": (README, "fastapi"),
     "starlette": (README, "asgi"),
     "flask": (README, "flask"),
@@ -63,11 +64,14 @@ MATRIX: dict[str, tuple[Path, str]] = {
     "amqp": (OWN, "amqp"),
     "celery": (OWN, "celery"),
     "dramatiq": (OWN, "dramatiq"),
+    "aiohttp": (ROOT / "docs" / "getting-started" / "aiohttp.md", "aiohttp"),
+    "grpc": (ROOT / "docs" / "guides" / "grpc.md", "grpc"),
 }
 #: Extras whose project needs a service the test run provides (skip or fail as conftest says).
 NEEDS = {
     "redis": "redis_url",
     "postgres": "postgres_url",
+    "mysql": "mysql_url",
     "amqp": "rabbitmq_url",
     "celery": "redis_url",
     "dramatiq": "redis_url",

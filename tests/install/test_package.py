@@ -58,6 +58,7 @@ def test_the_wheel_carries_the_whole_package_and_the_license(dist: Path) -> None
         "retrysafe/py.typed",
         "retrysafe/stores/redis/lua/reserve.lua",
         "retrysafe/stores/postgres/postgres.sql",
+        "retrysafe/stores/mysql/mysql.sql",
         "retrysafe/stores/sqlite/sqlite.sql",
         "retrysafe/contrib/django/migrations/0001_initial.py",
         "retrysafe/demo/static/index.html",

@@ -14,6 +14,7 @@ from retrysafe.cli import main
 from retrysafe.ops.stats import store_stats
 from retrysafe.stores import MemoryStore, async_store_from_url, store_from_url
 
+from ..stores import backend_mysql
 from ..stores.backend_postgres import fresh_table_url
 from ..stores.backend_redis import delete_prefixed, unique_prefix, with_prefix
 
@@ -30,7 +31,7 @@ def _delete_cluster_prefix(seeds: str, prefix: str) -> None:
         client.close()
 
 
-@pytest.fixture(params=["sqlite", "postgres", "redis", "redis-cluster"])
+@pytest.fixture(params=["sqlite", "postgres", "mysql", "redis", "redis-cluster"])
 def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     if request.param == "redis-cluster":
         seeds = request.getfixturevalue("redis_cluster").seeds
@@ -42,6 +43,12 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     elif request.param == "postgres":
         request.getfixturevalue("postgres_url")
         url = fresh_table_url(request)
+        store = store_from_url(url)
+        store.ensure_schema()  # type: ignore[attr-defined]
+        store.close()
+        yield url
+    elif request.param == "mysql":
+        url = backend_mysql.fresh_table_url(request)
         store = store_from_url(url)
         store.ensure_schema()  # type: ignore[attr-defined]
         store.close()
@@ -124,7 +131,9 @@ def test_empty_store_and_unreachable_store(
 
 
 # SQLite's async face runs the sync store inline: the sync store is the one that counts.
-@pytest.mark.parametrize("store_url", ["postgres", "redis", "redis-cluster"], indirect=True)
+@pytest.mark.parametrize(
+    "store_url", ["postgres", "mysql", "redis", "redis-cluster"], indirect=True
+)
 async def test_the_async_faces_count_the_same(store_url: str) -> None:
     _populate(store_url)
     sync = store_from_url(store_url)

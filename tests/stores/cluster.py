@@ -187,6 +187,30 @@ class RedisClusterProcs:
                 result[master].append(port)
         return result
 
+    def restart(self, port: int) -> None:
+        """Start the node on ``port`` again (after a kill), with its saved cluster config: it
+        rejoins, as a replica of whoever took its slots."""
+        self._spawn(port)
+        self._wait_ping(port)
+
+    def cut_off(self, replica: int) -> None:
+        """Cut ``replica`` off its master, as a partition would, while it stays in the cluster
+        (the cluster bus is untouched, so it can still be elected): its replication link is
+        killed and cannot come back (it authenticates with a user the master does not have)."""
+        self.call(replica, "config", "set", "masteruser", "retrysafe-cut-off")
+        self.call(replica, "config", "set", "masterauth", "retrysafe-cut-off")
+        self.call(replica, "client", "kill", "type", "master")
+        deadline = time.monotonic() + 5
+        while "master_link_status:up" in self.call(replica, "info", "replication"):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"replica {replica} is still linked to its master")
+            time.sleep(0.02)
+
+    def reconnect(self, replica: int) -> None:
+        """Undo :meth:`cut_off` (the node replicates again from whichever master it has)."""
+        self.call(replica, "config", "set", "masteruser", "")
+        self.call(replica, "config", "set", "masterauth", self.password or "")
+
     def stop(self) -> None:
         for proc in self.procs.values():
             if proc.poll() is None:

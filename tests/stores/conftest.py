@@ -1,7 +1,7 @@
 """One store conformance suite, parametrized over every backend (ids: memory, sqlite, postgres,
-redis, redis-cluster, third-party). A backend gives an async store, its sync twin over the same
-data, a way to move time forward, and (when the data is shared between processes) a URL another
-process can open.
+mysql, redis, redis-cluster, third-party). A backend gives an async store, its sync twin over the
+same data, a way to move time forward, and (when the data is shared between processes) a URL
+another process can open.
 
 ``third-party`` is a backend from outside the package (:mod:`tests.stores.thirdparty`),
 registered by its own call and built through the store registry from its URL."""
@@ -75,6 +75,13 @@ async def _postgres(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIter
         yield backend
 
 
+async def _mysql(request: pytest.FixtureRequest) -> AsyncIterator[Backend]:
+    from .backend_mysql import mysql_backend
+
+    async for backend in mysql_backend(request):
+        yield backend
+
+
 async def _redis(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterator[Backend]:
     from .backend_redis import redis_backend
 
@@ -114,6 +121,7 @@ async def _redis_cluster(request: pytest.FixtureRequest) -> AsyncIterator[Backen
         pytest.param("memory", id="memory"),
         pytest.param("sqlite", id="sqlite"),
         pytest.param("postgres", id="postgres"),
+        pytest.param("mysql", id="mysql"),
         pytest.param("redis", id="redis"),
         pytest.param("redis-cluster", id="redis-cluster"),
         pytest.param("third-party", id="third-party"),
@@ -128,6 +136,8 @@ async def backend(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterat
         gen = _sqlite(tmp_path)
     elif kind == "postgres":
         gen = _postgres(tmp_path, request)
+    elif kind == "mysql":
+        gen = _mysql(request)
     elif kind == "redis-cluster":
         gen = _redis_cluster(request)
     elif kind == "third-party":

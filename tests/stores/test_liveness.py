@@ -95,7 +95,7 @@ def owners() -> Iterator[list[Owner]]:
         owner.close()
 
 
-SHARED = ["sqlite", "postgres", "redis", "redis-cluster"]
+SHARED = ["sqlite", "postgres", "mysql", "redis", "redis-cluster"]
 
 
 def _key() -> str:

@@ -48,7 +48,9 @@ def _contend(
 
 
 # The memory store is per process by design, so it is not among the backends here.
-@pytest.mark.parametrize("backend", ["sqlite", "postgres", "redis", "redis-cluster"], indirect=True)
+@pytest.mark.parametrize(
+    "backend", ["sqlite", "postgres", "mysql", "redis", "redis-cluster"], indirect=True
+)
 def test_one_winner_among_4_processes_x_50_tasks(backend: Backend) -> None:
     assert backend.url is not None
     ctx = mp.get_context("spawn")

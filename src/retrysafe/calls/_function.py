@@ -243,7 +243,7 @@ def make_function(
     if settings.transactional and not callable(getattr(resolved, "begin", None)):
         raise ConfigurationError(
             f"{where}({spec.name}): transactional=True needs a SQL store "
-            f"(SQLite, PostgreSQL or Django's ORM), not {type(resolved).__name__}"
+            f"(SQLite, PostgreSQL, MySQL or Django's ORM), not {type(resolved).__name__}"
         )
     return IdempotentFunction(target, spec, settings, resolved)
 

@@ -17,20 +17,22 @@ The handler's ORM writes commit together with the stored response::
         db.add(Order(item="tea"))
         db.flush()
 
+``async_session`` on a MySQL/MariaDB store (asyncmy) works the same way as on PostgreSQL.
+
 Pending changes are flushed, and the session closed, when the response is final (the library does
 it: a handler need not commit or close). The session runs on the very connection of the request's
 transaction. SQLAlchemy may not end that transaction: on PostgreSQL its own transaction is a
-savepoint inside ours (asyncpg nests transactions as savepoints), on SQLite the DB-API connection
-it sees ignores ``commit``, ``rollback`` and ``close``. So ``session.commit()`` is harmless but
-commits nothing by itself: the commit happens, with the idempotency record, when the response is
-final.
+savepoint inside ours (asyncpg nests transactions as savepoints), on SQLite and MySQL the
+DB-API connection it sees ignores ``commit``, ``rollback`` and ``close``. So ``session.commit()``
+is harmless but commits nothing by itself: the commit happens, with the idempotency record, when
+the response is final.
 
 Engines are created once per dialect and hand out the current request's connection (a context
 variable), with ``NullPool``: SQLAlchemy never keeps a connection it does not own.
 
 Inside an idempotent function (``transactional=True``) no request is passed: ``await
 async_session()`` / ``await session()`` in an ``async def``, :func:`call_session` in a ``def``
-(SQLite or PostgreSQL); the session's writes commit with the call's stored result.
+(SQLite, PostgreSQL or MySQL); the session's writes commit with the call's stored result.
 """
 
 from __future__ import annotations
@@ -121,6 +123,59 @@ class _PsycopgConnection:
         return getattr(self._conn, name)
 
 
+class _PyMySQLConnection:
+    """The call's ``pymysql.Connection`` as SQLAlchemy sees it: ending the transaction or the
+    connection, or switching autocommit on, is ignored (all belong to retrysafe)."""
+
+    def __init__(self, conn: Any) -> None:
+        self._conn = conn
+
+    def commit(self) -> None:
+        """Ignored: retrysafe commits with the idempotency record."""
+
+    def rollback(self) -> None:
+        """Ignored: retrysafe rolls back when the call fails."""
+
+    def close(self) -> None:
+        """Ignored: the connection goes back to retrysafe's pool."""
+
+    def autocommit(self, value: bool) -> None:
+        """Ignored: the connection stays in the idempotent transaction."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._conn, name)
+
+
+class _AsyncmyConnection:
+    """The request's ``asyncmy.Connection`` as SQLAlchemy sees it: as for PyMySQL, with the
+    awaitable methods that SQLAlchemy's asyncmy adapter calls."""
+
+    def __init__(self, conn: Any) -> None:
+        self._conn = conn
+
+    async def commit(self) -> None:
+        """Ignored: retrysafe commits with the idempotency record."""
+
+    async def rollback(self) -> None:
+        """Ignored: retrysafe rolls back when the request fails."""
+
+    async def ensure_closed(self) -> None:
+        """Ignored: the connection goes back to retrysafe's pool."""
+
+    def close(self) -> None:
+        """Ignored."""
+
+    async def autocommit(self, value: bool) -> None:
+        """Ignored: the connection stays in the idempotent transaction."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._conn, name)
+
+
+def _is_mysql(conn: Any) -> bool:
+    return type(conn).__module__.partition(".")[0] in ("pymysql", "asyncmy")
+
+
 # One engine per driver and process, built on first use: its "connections" are the current
 # transaction's, handed out by the creator.
 @functools.cache
@@ -141,6 +196,21 @@ def _sqlite_engine() -> Engine:
 
 
 @functools.cache
+def _pymysql_engine() -> Engine:
+    return create_engine(
+        "mysql+pymysql://", creator=lambda: _PyMySQLConnection(_current.get()), poolclass=NullPool
+    )
+
+
+@functools.cache
+def _asyncmy_engine() -> AsyncEngine:
+    async def creator() -> Any:
+        return _AsyncmyConnection(_current.get())
+
+    return create_async_engine("mysql+asyncmy://", async_creator=creator, poolclass=NullPool)
+
+
+@functools.cache
 def _asyncpg_engine() -> AsyncEngine:
     async def creator() -> Any:
         return _AsyncpgConnection(_current.get())
@@ -148,13 +218,15 @@ def _asyncpg_engine() -> AsyncEngine:
     return create_async_engine("postgresql+asyncpg://", async_creator=creator, poolclass=NullPool)
 
 
-async def _use_connection(request: Any, *, sqlite: bool, mismatch: str) -> None:
-    """Make the request's transaction connection the one the engines hand out; ``TypeError``
-    (``mismatch``) when the store is not the kind the session needs (``sqlite`` or not)."""
+async def _use_connection(request: Any, *, sqlite: bool, mismatch: str) -> Any:
+    """Make the request's transaction connection the one the engines hand out, and return it;
+    ``TypeError`` (``mismatch``) when the store is not the kind the session needs (``sqlite``
+    or not)."""
     conn = await transaction(request)
     if isinstance(conn, sqlite3.Connection) != sqlite:
         raise TypeError(mismatch)
     _current.set(conn)
+    return conn
 
 
 def _end(db: Session, ok: bool) -> None:
@@ -177,7 +249,7 @@ async def session(request: Any = None, **kwargs: Any) -> Session:
         ConfigurationError: the request has no idempotent transaction.
         TypeError: the store is not SQLite (use :func:`async_session`).
     """
-    mismatch = "session() needs a SQLite store; use async_session() for PostgreSQL"
+    mismatch = "session() needs a SQLite store; use async_session() for PostgreSQL or MySQL"
     await _use_connection(request, sqlite=True, mismatch=mismatch)
     db = Session(bind=_sqlite_engine(), **kwargs)
 
@@ -189,7 +261,8 @@ async def session(request: Any = None, **kwargs: Any) -> Session:
 
 
 async def async_session(request: Any = None, **kwargs: Any) -> AsyncSession:
-    """A SQLAlchemy ``AsyncSession`` on the request's PostgreSQL (asyncpg) transaction.
+    """A SQLAlchemy ``AsyncSession`` on the request's PostgreSQL (asyncpg) or MySQL (asyncmy)
+    transaction.
 
     Args:
         request: a Starlette/FastAPI ``Request`` or an ASGI scope; nothing inside an idempotent
@@ -200,13 +273,14 @@ async def async_session(request: Any = None, **kwargs: Any) -> AsyncSession:
         ConfigurationError: the request has no idempotent transaction.
         TypeError: the store is SQLite (use :func:`session`).
     """
-    mismatch = "async_session() needs a PostgreSQL store; use session() for SQLite"
-    await _use_connection(request, sqlite=False, mismatch=mismatch)
-    db = AsyncSession(bind=_asyncpg_engine(), **kwargs)
+    mismatch = "async_session() needs a PostgreSQL or MySQL store; use session() for SQLite"
+    conn = await _use_connection(request, sqlite=False, mismatch=mismatch)
+    engine = _asyncmy_engine() if _is_mysql(conn) else _asyncpg_engine()
+    db = AsyncSession(bind=engine, **kwargs)
 
     async def finish(ok: bool) -> None:
         if ok:
-            await db.commit()  # flushes and releases its savepoint inside our transaction
+            await db.commit()  # flushes (PostgreSQL: releases its savepoint inside ours)
         await db.close()
 
     current_context(request).add_finalizer(finish)
@@ -215,7 +289,7 @@ async def async_session(request: Any = None, **kwargs: Any) -> AsyncSession:
 
 def call_session(**kwargs: Any) -> Session:
     """A SQLAlchemy ``Session`` on the running idempotent ``def`` function's transaction
-    (SQLite or PostgreSQL): its writes commit together with the call's stored result.
+    (SQLite, PostgreSQL or MySQL): its writes commit together with the call's stored result.
 
     Args:
         **kwargs: passed to ``Session``.
@@ -226,7 +300,12 @@ def call_session(**kwargs: Any) -> Session:
     tx = context_transaction(None, optional=False)
     conn = tx.connection()
     _current.set(conn)
-    engine = _sqlite_engine() if isinstance(conn, sqlite3.Connection) else _psycopg_engine()
+    if isinstance(conn, sqlite3.Connection):
+        engine = _sqlite_engine()
+    elif _is_mysql(conn):
+        engine = _pymysql_engine()
+    else:
+        engine = _psycopg_engine()
     db = Session(bind=engine, **kwargs)
     current_context(None).add_finalizer(functools.partial(_end, db))
     return db

@@ -39,8 +39,10 @@ from .domain import DatabaseUnavailable, Kind
 
 __all__ = [
     "AsyncSQLite",
+    "Asyncmy",
     "Asyncpg",
     "Psycopg",
+    "PyMySQL",
     "Statements",
     "SyncSQLite",
     "open_async_driver",
@@ -129,6 +131,23 @@ CREATE TABLE IF NOT EXISTS {prefix}orderhub_charge_runs (
 );
 """
 
+_MYSQL_SCHEMA = [
+    f"CREATE TABLE IF NOT EXISTS orderhub_{name} (id BIGINT AUTO_INCREMENT PRIMARY KEY, "
+    f"{columns}, {stamp} VARCHAR(32) NOT NULL DEFAULT '') ENGINE = InnoDB"
+    for name, columns, stamp in (
+        ("orders", "owner TEXT NOT NULL, item TEXT NOT NULL, quantity BIGINT NOT NULL",
+         "created_at"),
+        ("payments", "owner TEXT NOT NULL, amount BIGINT NOT NULL, currency TEXT NOT NULL",
+         "created_at"),
+        ("charges", "payment_id BIGINT NOT NULL, flow TEXT NOT NULL, amount BIGINT NOT NULL, "
+         "currency TEXT NOT NULL, task_id TEXT NOT NULL", "created_at"),
+        ("charge_runs", "payment_id BIGINT NOT NULL, flow TEXT NOT NULL, task_id TEXT NOT NULL, "
+         "pid BIGINT NOT NULL, outcome TEXT NOT NULL", "started_at"),
+    )
+]  # fmt: skip
+#: MySQL's created_at (no RETURNING, and a column default may not call UTC_TIMESTAMP on MySQL).
+_MYSQL_NOW = "CONCAT(LEFT(DATE_FORMAT(UTC_TIMESTAMP(3), '%%Y-%%m-%%dT%%H:%%i:%%s.%%f'), 23), 'Z')"
+
 
 class Statements:
     """OrderHub's statements in one dialect.
@@ -137,17 +156,21 @@ class Statements:
         prefix: qualifies the tables (``'"schema".'``; in transactional mode the statements run
             on the store's connection, whose ``search_path`` is not ours).
         numbered: ``$1, $2`` placeholders (PostgreSQL) rather than ``?`` (SQLite).
+        mysql: ``%s`` placeholders, and an insert without ``RETURNING`` (MySQL has none): two
+            statements, the insert and the read of its row, that :class:`Asyncmy` and
+            :class:`PyMySQL` run on one connection.
     """
 
-    def __init__(self, prefix: str = "", *, numbered: bool = False) -> None:
+    def __init__(self, prefix: str = "", *, numbered: bool = False, mysql: bool = False) -> None:
         self.prefix = prefix
         self.numbered = numbered
+        self.mysql = mysql
 
     def _table(self, kind: Kind) -> str:
         return f"{self.prefix}orderhub_{kind.name}"
 
     def _mark(self, position: int) -> str:
-        return f"${position}" if self.numbered else "?"
+        return "%s" if self.mysql else f"${position}" if self.numbered else "?"
 
     def _select(self, kind: Kind) -> str:
         return f"SELECT {', '.join(kind.columns)} FROM {self._table(kind)}"
@@ -156,6 +179,13 @@ class Statements:
         """Insert a record (``owner`` then the kind's fields) and return it."""
         names = ("owner", *kind.fields)
         marks = ", ".join(self._mark(i + 1) for i in range(len(names)))
+        if self.mysql:
+            stamp = "started_at" if "started_at" in kind.columns else "created_at"
+            return (
+                f"INSERT INTO {self._table(kind)} ({', '.join(names)}, {stamp}) "
+                f"VALUES ({marks}, {_MYSQL_NOW})"
+                f"{MYSQL_THEN}{self._select(kind)} WHERE id = LAST_INSERT_ID()"
+            )
         return (
             f"INSERT INTO {self._table(kind)} ({', '.join(names)}) VALUES ({marks}) "
             f"RETURNING {', '.join(kind.columns)}"
@@ -177,6 +207,10 @@ class Statements:
     def delete(self, kind: Kind) -> str:
         """Delete every record."""
         return f"DELETE FROM {self._table(kind)}"
+
+
+#: Between the two statements of a MySQL insert.
+MYSQL_THEN = "\n;\n"
 
 
 def record(kind: Kind, row: Sequence[Any]) -> dict[str, Any]:
@@ -458,28 +492,150 @@ class Psycopg(_Postgres):
             pool.close()
 
 
+class _MySQL:
+    """What both MySQL adapters share: the connection settings of a ``mysql://`` URL (the
+    store's own options, such as ``table=``, are allowed and ignored)."""
+
+    sql = Statements(mysql=True)
+
+    def __init__(self, url: str) -> None:
+        from ..stores.mysql import MySQLOptions
+
+        self._kwargs = MySQLOptions.from_url(url).connect_kwargs()
+
+    @staticmethod
+    def _unavailable(exc: BaseException) -> DatabaseUnavailable:
+        return DatabaseUnavailable(f"MySQL statement failed: {exc}", store="mysql")
+
+
+class Asyncmy(_MySQL):
+    """MySQL/MariaDB for the async apps through an asyncmy pool (opened on first use)."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
+        self._pool: Any = None
+        self._lock: asyncio.Lock | None = None
+
+    async def _get_pool(self) -> Any:
+        import asyncmy
+
+        if self._pool is None:
+            if self._lock is None:
+                self._lock = asyncio.Lock()
+            async with self._lock:
+                if self._pool is None:
+                    pool = await asyncmy.create_pool(minsize=1, maxsize=_POOL_SIZE, **self._kwargs)
+                    async with pool.acquire() as conn, conn.cursor() as cur:
+                        for statement in _MYSQL_SCHEMA:
+                            await cur.execute(statement)
+                    self._pool = pool
+        return self._pool
+
+    async def _on(self, conn: Any, sql: str, params: Sequence[Any]) -> Rows:
+        rows: Rows = []
+        async with conn.cursor() as cur:
+            for statement in sql.split(MYSQL_THEN):
+                await cur.execute(statement, params or None)
+                rows = await cur.fetchall() if cur.description else []
+                params = ()
+        return rows
+
+    async def run(
+        self, sql: str, params: Sequence[Any] = (), *, conn: Any = None, write: bool = False
+    ) -> Rows:
+        """Run one statement; see the module docstring."""
+        try:
+            pool = await self._get_pool()  # the tables exist
+            if conn is not None:
+                return await self._on(conn, sql, params)
+            async with pool.acquire() as own:
+                return await self._on(own, sql, params)
+        except (OSError, ConnectionError) as exc:
+            raise self._unavailable(exc) from exc
+
+    async def aclose(self) -> None:
+        """Close the pool."""
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.close()
+            await pool.wait_closed()
+
+
+class PyMySQL(_MySQL):
+    """MySQL/MariaDB for the WSGI apps: one PyMySQL connection per worker thread."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
+        self._local = threading.local()
+
+    def _conn(self) -> Any:
+        import pymysql
+
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            try:
+                conn = pymysql.connect(**self._kwargs)
+                with conn.cursor() as cur:
+                    for statement in _MYSQL_SCHEMA:
+                        cur.execute(statement)
+            except pymysql.err.OperationalError as exc:
+                raise self._unavailable(exc) from exc
+            self._local.conn = conn
+        return conn
+
+    def run(
+        self, sql: str, params: Sequence[Any] = (), *, conn: Any = None, write: bool = False
+    ) -> Rows:
+        """Run one statement; see the module docstring."""
+        import pymysql
+
+        own = self._conn()  # the tables exist
+        rows: Rows = []
+        try:
+            with (conn or own).cursor() as cur:
+                for statement in sql.split(MYSQL_THEN):
+                    cur.execute(statement, params or None)
+                    rows = cur.fetchall() if cur.description else []
+                    params = ()
+        except pymysql.err.OperationalError as exc:
+            if conn is None:
+                self._local.conn = None  # reconnect on the next statement
+            raise self._unavailable(exc) from exc
+        return rows
+
+    def close(self) -> None:
+        """Close this thread's connection."""
+        conn, self._local.conn = getattr(self._local, "conn", None), None
+        if conn is not None:
+            conn.close()
+
+
 def _check_scheme(url: str) -> None:
-    if not url.startswith(("sqlite:///", "postgresql://", "postgres://")):
+    if not url.startswith(("sqlite:///", "postgresql://", "postgres://", "mysql://", "mariadb://")):
         raise ConfigurationError(
-            f"OrderHub keeps its data in SQLite (sqlite:///...) or PostgreSQL, got {url!r}"
+            f"OrderHub keeps its data in SQLite (sqlite:///...), PostgreSQL or MySQL, got {url!r}"
         )
 
 
-def open_async_driver(url: str) -> AsyncSQLite | Asyncpg:
+def open_async_driver(url: str) -> AsyncSQLite | Asyncpg | Asyncmy:
     """The async adapter for a ``--db`` URL.
 
     Raises:
-        ConfigurationError: neither SQLite nor PostgreSQL, or a bad option.
+        ConfigurationError: not SQLite, PostgreSQL or MySQL, or a bad option.
     """
     _check_scheme(url)
+    if url.startswith(("mysql://", "mariadb://")):
+        return Asyncmy(url)
     return AsyncSQLite(url) if url.startswith("sqlite:///") else Asyncpg(url)
 
 
-def open_driver(url: str) -> SyncSQLite | Psycopg:
+def open_driver(url: str) -> SyncSQLite | Psycopg | PyMySQL:
     """The sync adapter for a ``--db`` URL.
 
     Raises:
-        ConfigurationError: neither SQLite nor PostgreSQL, or a bad option.
+        ConfigurationError: not SQLite, PostgreSQL or MySQL, or a bad option.
     """
     _check_scheme(url)
+    if url.startswith(("mysql://", "mariadb://")):
+        return PyMySQL(url)
     return SyncSQLite(url) if url.startswith("sqlite:///") else Psycopg(url)

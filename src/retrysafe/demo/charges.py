@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from .._core.errors import ConfigurationError
-from ._drivers import Psycopg, SyncSQLite, open_driver, record
+from ._drivers import Psycopg, PyMySQL, SyncSQLite, open_driver, record
 from .domain import PAYMENTS, Problem, default_db_url, shown_url
 
 __all__ = [
@@ -126,10 +126,12 @@ class ChargeBook:
 
     def __init__(self, db_url: str) -> None:
         self.url = db_url
-        self._driver: SyncSQLite | Psycopg = open_driver(db_url)
+        self._driver: SyncSQLite | Psycopg | PyMySQL = open_driver(db_url)
         sql = self._driver.sql
         self._prefix = sql.prefix
-        self._marks = [f"${i + 1}" if sql.numbered else "?" for i in range(6)]
+        self._marks = [
+            "%s" if sql.mysql else f"${i + 1}" if sql.numbered else "?" for i in range(6)
+        ]
 
     def _sql(self, text: str) -> str:
         """``text`` with ``{p}`` the table prefix and ``{1}``... the dialect's placeholders."""

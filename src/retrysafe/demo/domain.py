@@ -325,6 +325,9 @@ def _sql_base(url: str) -> str | None:
     for scheme in ("postgresql://", "postgres://"):
         if base.startswith(scheme):
             return "postgresql://" + base[len(scheme) :]
+    for scheme in ("mysql://", "mariadb://"):
+        if base.startswith(scheme):
+            return "mysql://" + base[len(scheme) :]
     return None
 
 

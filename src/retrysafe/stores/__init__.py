@@ -6,6 +6,7 @@ URL                        classes                               extra
 ``memory://``              MemoryStore / AsyncMemoryStore        (none)
 ``sqlite:///path.db``      SQLiteStore / AsyncSQLiteStore        (none)
 ``postgresql://...``       PostgresStore / AsyncPostgresStore    ``retrysafe[postgres]``
+``mysql://...``            MySQLStore / AsyncMySQLStore          ``retrysafe[mysql]``
 ``redis://...``            RedisStore / AsyncRedisStore          ``retrysafe[redis]``
 ``redis+cluster://...``    RedisClusterStore / Async...          ``retrysafe[redis]``
 ``django://alias``         DjangoStore / AsyncDjangoStore        ``retrysafe[django]``
@@ -20,7 +21,7 @@ the same call or by an entry point in the ``retrysafe.stores`` group (the Django
 from __future__ import annotations
 
 from .._core.records import Record, Reservation
-from . import memory, postgres, redis, sqlite  # noqa: F401  (the built-in backends register)
+from . import memory, mysql, postgres, redis, sqlite  # noqa: F401  (the built-in backends register)
 from ._base import AsyncStore, Store, StoreStats
 from ._registry import (
     Backend,

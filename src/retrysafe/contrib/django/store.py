@@ -3,10 +3,12 @@
 
 Every operation is one SQL statement on Django's own connection of the calling thread, in
 autocommit (reserve is an ``INSERT ... ON CONFLICT DO UPDATE ... WHERE ... RETURNING``, atomic on
-SQLite and PostgreSQL alike). In transactional mode :meth:`DjangoStore.begin` gives a transaction
-that wraps the view in ``transaction.atomic(using=alias)`` on the request's connection and writes
-the completion record inside it, so the view's ORM writes and the stored response commit
-together, or neither does.
+SQLite and PostgreSQL alike; on MySQL and MariaDB, which have neither, an ``INSERT ... ON
+DUPLICATE KEY UPDATE`` whose conflict branch runs under the row's lock on its latest version,
+then a read of the row's token: it won when the token is its own). In transactional mode
+:meth:`DjangoStore.begin` gives a transaction that wraps the view in
+``transaction.atomic(using=alias)`` on the request's connection and writes the completion record
+inside it, so the view's ORM writes and the stored response commit together, or neither does.
 
 Times come from the app host's clock (as with the SQLite store): hosts sharing a PostgreSQL
 database through this store must keep their clocks in sync (NTP); the ``postgresql://`` URL store
@@ -78,6 +80,41 @@ def parse_django_url(url: str | StoreURL) -> str:
     return alias
 
 
+#: MySQL's reserve. The conflict branch takes the row over when its retention ended or its lease
+#: lapsed (or it is this call's own); every assignment repeats that condition, token first, so
+#: the result does not depend on whether the server applies assignments left to right or all at
+#: once (MariaDB's SIMULTANEOUS_ASSIGNMENT). Column -> (new value, its parameter or None).
+_MYSQL_TAKES = (
+    "({t}.token = %s OR {t}.expires_at <= %s OR ({t}.state = 0 AND {t}.lease_expires_at <= %s))"
+)
+_MYSQL_TAKES_PARAMS = ("token", "now", "now")
+_MYSQL_SETS = {
+    "token": ("%s", "token"),
+    "fingerprint": ("%s", "fp"),
+    "response": ("NULL", None),
+    "state": ("0", None),
+    "lease_expires_at": ("%s", "lease_at"),
+    "expires_at": ("%s", "expires_at"),
+    "created_at": ("%s", "now"),
+    "route": ("%s", "route"),
+}
+_MYSQL_RESERVE = (
+    "INSERT INTO {t} (id, fingerprint, state, token, lease_expires_at, expires_at, created_at, "
+    "route, response) VALUES (%s, %s, 0, %s, %s, %s, %s, %s, NULL) ON DUPLICATE KEY UPDATE "
+    + ", ".join(
+        f"{c} = IF({_MYSQL_TAKES}, {new}, {{t}}.{c})" for c, (new, _) in _MYSQL_SETS.items()
+    )
+)
+_MYSQL_RESERVE_PARAMS = (
+    *("id", "fp", "token", "lease_at", "expires_at", "now", "route"),
+    *(
+        p
+        for _, name in _MYSQL_SETS.values()
+        for p in (*_MYSQL_TAKES_PARAMS, *([name] if name else []))
+    ),
+)
+
+
 def _store_error(operation: str, exc: Exception) -> StoreError:
     if isinstance(exc, OperationalError | InterfaceError):
         return StoreUnavailableError(f"Django store {operation} failed: {exc}", store="django")
@@ -113,7 +150,7 @@ class DjangoStore:
 
     @property
     def vendor(self) -> str:
-        """The database vendor (``"sqlite"``, ``"postgresql"``)."""
+        """The database vendor (``"sqlite"``, ``"postgresql"``, ``"mysql"``)."""
         vendor: str = connections[self.alias].vendor
         return vendor
 
@@ -122,7 +159,9 @@ class DjangoStore:
             ops = connections[self.alias].ops
             t = ops.quote_name(TABLE)
             self._sql = {
-                "reserve": (
+                "reserve": _MYSQL_RESERVE.format(t=t)
+                if self.vendor == "mysql"
+                else (
                     f"INSERT INTO {t} (id, fingerprint, state, token, lease_expires_at, "
                     "expires_at, created_at, route, response) "
                     "VALUES (%s, %s, 0, %s, %s, %s, %s, %s, NULL) "
@@ -153,9 +192,14 @@ class DjangoStore:
                 "release": f"DELETE FROM {t} WHERE id = %s AND token = %s AND state IN (0, 2)",
                 "delete": f"DELETE FROM {t} WHERE id = %s",
                 "purge": (
-                    f"DELETE FROM {t} WHERE id IN "
+                    # MySQL refuses LIMIT in an IN subquery, and a subquery on the table the
+                    # DELETE writes; it has DELETE ... LIMIT instead.
+                    f"DELETE FROM {t} WHERE expires_at <= %s LIMIT {_PURGE_BATCH}"
+                    if self.vendor == "mysql"
+                    else f"DELETE FROM {t} WHERE id IN "
                     f"(SELECT id FROM {t} WHERE expires_at <= %s LIMIT {_PURGE_BATCH})"
                 ),
+                "holder": f"SELECT token, state FROM {t} WHERE id = %s",
             }
         return self._sql
 
@@ -203,7 +247,10 @@ class DjangoStore:
             token = new_token()
             params = [record_id, fingerprint, token, now + lease, now + ttl, now]
             try:
-                _, won = self._run("reserve", [*params, current_route.get(), now, now])
+                if self.vendor == "mysql":
+                    won = self._reserve_mysql(params)
+                else:
+                    won = bool(self._run("reserve", [*params, current_route.get(), now, now])[1])
             except StoreUnavailableError:
                 # The lock stayed taken for the whole timeout: a record written meanwhile
                 # still decides from a read.
@@ -217,6 +264,24 @@ class DjangoStore:
             if rows:
                 return Reservation(record=self._record(rows[0], now))
             # Released or purged between the two statements: try again.
+
+    def _reserve_mysql(self, params: list[Any]) -> bool:
+        """MySQL's reserve: the upsert, then whether the row holds this call's token. (Django's
+        MySQL connections count found rows, not changed ones, so the upsert's row count cannot
+        tell a won key from a live one.)"""
+        record_id, fingerprint, token, lease_at, expires_at, now = params
+        values = {
+            "id": record_id,
+            "fp": fingerprint,
+            "token": token,
+            "lease_at": lease_at,
+            "expires_at": expires_at,
+            "now": now,
+            "route": current_route.get(),
+        }
+        self._run("reserve", [values[name] for name in _MYSQL_RESERVE_PARAMS])
+        _, rows = self._run("holder", [record_id])
+        return bool(rows) and rows[0][0] == token and rows[0][1] == 0
 
     def renew(self, record_id: str, token: str, *, lease: float) -> bool:
         """See :meth:`retrysafe.stores.Store.renew`."""

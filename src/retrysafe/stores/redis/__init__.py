@@ -32,6 +32,13 @@ client of their own (:class:`AsyncRedisClusterStore`, :class:`RedisClusterStore`
 Importing this package registers the schemes without importing redis-py or hiredis; the
 classes load them on first use.
 
+Acknowledged writes (``?replicas=N``): the reservation, the completion and the commit mark are
+each followed by ``WAIT N timeout`` on the same connection (pipelined; the async store's writes
+sent together share one); a write fewer replicas acknowledged in time is
+:class:`StoreUnavailableError`, never answered as durable. A reserve whose reply never came keeps
+its token (``LostReplies``): the same process's retry of the same request sends it again, and
+``reserve.lua`` resumes its own reservation.
+
 Errors: connection refused, lost or timed out become :class:`StoreUnavailableError`, anything
 else :class:`StoreError`; no redis-py or hiredis exception leaves the store. A command whose
 connection failed mid-flight is never resent (its effect is unknown; a resent ``reserve`` could

@@ -12,8 +12,8 @@ from typing import Any, TypeVar
 from redis.exceptions import NoScriptError
 
 from .._base import StoreStats
-from ._commands import Call, Tally, now_ms
-from ._redispy import client_errors
+from ._commands import Call, Tally, Wait, now_ms
+from ._redispy import client_errors, pipeline_sync
 
 __all__ = ["ClientDriver"]
 
@@ -36,6 +36,8 @@ class ClientDriver:
 
     def perform(self, call: Call[T]) -> T:
         """Run one script call (``EVALSHA``, ``EVAL`` when the server lost the script)."""
+        if call.wait is not None:
+            return self._perform_acked(call, call.wait)
         script = call.script
         client = self.client
         with client_errors(script.name):
@@ -44,6 +46,23 @@ class ClientDriver:
             except NoScriptError:
                 reply = client.eval(script.source, 1, *call.args)
         result: T = call.parse(reply, call)
+        return result
+
+    def _perform_acked(self, call: Call[T], wait: Wait) -> T:
+        """The script and ``WAIT`` after it, pipelined on one connection of the key's master
+        (see :class:`~retrysafe.stores.redis._commands.Wait`)."""
+        script = call.script
+        key = call.args[0]
+        with client_errors(script.name):
+            evalsha = ("EVALSHA", script.sha, 1, *call.args)
+            reply, acked = pipeline_sync(self.client, key, [evalsha, wait.command])
+            if isinstance(reply, NoScriptError):
+                evaluate = ("EVAL", script.source, 1, *call.args)
+                reply, acked = pipeline_sync(self.client, key, [evaluate, wait.command])
+            if isinstance(reply, Exception):
+                raise reply
+        result: T = call.parse(reply, call)
+        wait.check(reply, acked, script.name)
         return result
 
     def beat(self, key: str, ttl_ms: int) -> None:

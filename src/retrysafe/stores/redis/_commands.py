@@ -8,28 +8,33 @@ what is built here.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Generator, Iterable, Sequence
+import threading
+from collections.abc import Callable, Generator, Iterable, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any, Generic, NamedTuple, TypeVar
 
 from ..._core.errors import ConfigurationError, StoreError, StoreUnavailableError
-from ..._core.records import Record, Reservation, lease_token, other_owner
+from ..._core.records import Record, Reservation, instance_id, lease_token, other_owner
 from .._base import StoreStats
 from .._registry import parse_store_url
-from .._url import StoreURL, non_negative, positive, text
+from .._url import StoreURL, non_negative, positive, text, whole
 
 __all__ = [
     "DEFAULT_HEARTBEAT",
     "DEFAULT_PREFIX",
+    "DEFAULT_REPLICAS_TIMEOUT",
     "REDIS_PY_OPTIONS",
     "SCRIPTS",
     "URL_OPTIONS",
     "Call",
     "ClusterURL",
     "Commands",
+    "LostReplies",
     "RedisURL",
     "Tally",
+    "Wait",
+    "check_replicas",
     "conflict_op",
     "ms",
     "now_ms",
@@ -45,6 +50,8 @@ DEFAULT_PREFIX = "retrysafe:"
 DEFAULT_HEARTBEAT = 5.0
 #: A reserve that meets a record changing hands this often in a row gives up.
 _RESERVE_ATTEMPTS = 50
+#: Seconds a write waits for its replicas (``?replicas_timeout=``) when ``?replicas=`` is set.
+DEFAULT_REPLICAS_TIMEOUT = 0.5
 T = TypeVar("T")
 
 # Error replies that mean "the server cannot serve right now", not "the command is wrong".
@@ -67,6 +74,8 @@ URL_OPTIONS = {
     "timeout": positive,
     "connect_timeout": positive,
     "heartbeat": _heartbeat,
+    "replicas": whole,
+    "replicas_timeout": positive,
 }
 
 #: redis-py's own URL options, left in the URL for it (the sync stores; the async store's lean
@@ -109,6 +118,10 @@ class RedisURL:
             liveness). 0 turns liveness off: keys of a dead process then wait for the lease.
         ssl_ca_certs: a CA file to verify the server's certificate with (``rediss://``,
             ``?ssl_ca_certs=``; default: the system's CAs). Both faces honour it.
+        replicas: how many replicas must have a reservation, a completion or a commit mark
+            before it counts as done (``?replicas=``; ``WAIT``); 0, the default, waits for none.
+        replicas_timeout: seconds such a write waits for them (``?replicas_timeout=``); less
+            than ``timeout``.
     """
 
     client_url: str
@@ -123,6 +136,36 @@ class RedisURL:
     connect_timeout: float = 2.0
     heartbeat: float = DEFAULT_HEARTBEAT
     ssl_ca_certs: str | None = None
+    replicas: int = 0
+    replicas_timeout: float = DEFAULT_REPLICAS_TIMEOUT
+
+    def __post_init__(self) -> None:
+        check_replicas(self.replicas, self.replicas_timeout, self.timeout)
+
+
+def check_replicas(replicas: Any, replicas_timeout: Any, timeout: float) -> None:
+    """Refuse a bad ``replicas`` / ``replicas_timeout`` (a URL's or a store keyword's).
+
+    Raises:
+        ConfigurationError: naming the option: ``replicas`` not a whole number 0 or more, or
+            ``replicas_timeout`` not a number of seconds above 0, and with replicas, below
+            ``timeout`` (a wait that the connection's own timeout cuts off would read as a lost
+            connection).
+    """
+    if type(replicas) is not int or replicas < 0:
+        raise ConfigurationError(
+            f"Redis store option replicas={replicas!r}: a whole number of replicas, 0 or more"
+        )
+    if (
+        isinstance(replicas_timeout, bool)
+        or not isinstance(replicas_timeout, int | float)
+        or not replicas_timeout > 0
+        or (replicas and replicas_timeout >= timeout)
+    ):
+        raise ConfigurationError(
+            f"Redis store option replicas_timeout={replicas_timeout!r}: seconds, more than 0 "
+            f"and less than the command timeout ({timeout:g} s, ?timeout=)"
+        )
 
 
 def _redis_url(url: StoreURL, *, tls: bool, client_url: str, db: int = 0) -> RedisURL:
@@ -241,12 +284,111 @@ SCRIPTS = (
 
 
 class Call(NamedTuple, Generic[T]):
-    """One script call: run ``script`` with ``args`` (key first), read the reply with ``parse``."""
+    """One script call: run ``script`` with ``args`` (key first), read the reply with ``parse``;
+    with ``wait``, a write it made counts only once replicas have it."""
 
     script: Script
     args: tuple[Any, ...]
     parse: Any  # Callable[[Any, Call[T]], T]; Any keeps the NamedTuple generic simple
     token: str | None = None
+    wait: Wait | None = None
+
+
+class Wait:
+    """``WAIT replicas timeout`` after a script, on the same connection and in the same round
+    trip (pipelined): Redis answers how many replicas have every write that connection made so
+    far, the script's included. A write that fewer than ``replicas`` acknowledged in time is
+    answered as not done (:class:`StoreUnavailableError`: ``503``, retry later), never as
+    durable: the master may crash before they get it, and the promoted replica would not know
+    the record.
+
+    Args:
+        replicas: how many replicas must acknowledge.
+        timeout: seconds to wait for them.
+        wrote: from the script's reply, whether it wrote (a reserve that only read another
+            request's record, a fenced-out completion: nothing to wait for).
+    """
+
+    __slots__ = ("command", "replicas", "timeout", "wrote")
+
+    def __init__(self, replicas: int, timeout: float, wrote: Callable[[Any], bool]) -> None:
+        self.replicas = replicas
+        self.timeout = timeout
+        self.command: tuple[Any, ...] = ("WAIT", replicas, ms(timeout))
+        self.wrote = wrote
+
+    def check(self, reply: Any, acked: Any, what: str) -> None:
+        """Raise unless the script's write (if any) reached enough replicas.
+
+        Args:
+            reply: the script's reply.
+            acked: the ``WAIT`` reply (a count), or the error it failed with.
+            what: the operation, for the message.
+
+        Raises:
+            StoreUnavailableError: it wrote, and fewer replicas than asked have it.
+        """
+        if not self.wrote(reply):
+            return
+        if isinstance(acked, Exception):
+            raise StoreUnavailableError(
+                f"Redis {what}: WAIT for {self.replicas} replica(s) failed: {acked}", store=STORE
+            )
+        if acked < self.replicas:
+            raise StoreUnavailableError(
+                f"Redis {what}: {acked} of the {self.replicas} replica(s) asked for (replicas=) "
+                f"acknowledged the write within {self.timeout:g} s (replicas_timeout=); "
+                "not counted as done",
+                store=STORE,
+            )
+
+
+def _won(reply: Any) -> bool:
+    return bool(reply[0] == 1)
+
+
+def _one(reply: Any) -> bool:
+    return bool(reply == 1)
+
+
+class LostReplies:
+    """Reservations of this store whose reply never came (a timeout, a dropped connection, a
+    failover, a cancelled caller): the reservation may be on the server, under a token only
+    this process knows. A retry of the same operation from this process (same key, fingerprint
+    and kind of claim) sends that token again, and ``reserve.lua`` recognises its own token:
+    the owner resumes its reservation instead of meeting it as "in progress" until the lease
+    lapses. Taken once (a second retry in flight at the same time meets the first as in
+    progress, as it should); bounded (the oldest is forgotten: its key then waits for the
+    lease, as without this); never inherited across ``fork`` (a child's tokens name the child).
+    """
+
+    __slots__ = ("_lock", "_tokens")
+
+    LIMIT = 1024
+
+    def __init__(self) -> None:
+        self._tokens: dict[str, tuple[str, bool, str]] = {}
+        self._lock = threading.Lock()
+
+    def keep(self, record_id: str, fingerprint: str, committed: bool, token: str) -> None:
+        """The reservation with ``token`` may exist; its caller never learnt."""
+        with self._lock:
+            tokens = self._tokens
+            if len(tokens) >= self.LIMIT and record_id not in tokens:
+                del tokens[next(iter(tokens))]
+            tokens[record_id] = (fingerprint, committed, token)
+
+    def take(self, record_id: str, fingerprint: str, committed: bool) -> str | None:
+        """The token to claim ``record_id`` with again, if this process lost a reply for it."""
+        if not self._tokens:  # the common case: one truth test
+            return None
+        with self._lock:
+            found = self._tokens.get(record_id)
+            if found is None or found[:2] != (fingerprint, committed):
+                return None  # another request with this key (mismatch or another kind)
+            del self._tokens[record_id]
+        token = found[2]
+        return token if token.startswith(instance_id()) else None
 
 
 def ms(seconds: float) -> int:
@@ -288,12 +430,26 @@ class Commands:
 
     Args:
         prefix: the key prefix of every record.
+        replicas: how many replicas must acknowledge a reservation, a completion or a commit
+            mark (0: none, no ``WAIT``).
+        replicas_timeout: seconds those writes wait for them.
     """
 
-    __slots__ = ("prefix",)
+    __slots__ = ("_claimed", "_flagged", "lost", "prefix")
 
-    def __init__(self, prefix: str) -> None:
+    def __init__(
+        self,
+        prefix: str,
+        replicas: int = 0,
+        replicas_timeout: float = DEFAULT_REPLICAS_TIMEOUT,
+    ) -> None:
         self.prefix = prefix
+        self.lost = LostReplies()
+        self._claimed: Wait | None = None
+        self._flagged: Wait | None = None
+        if replicas:
+            self._claimed = Wait(replicas, replicas_timeout, _won)
+            self._flagged = Wait(replicas, replicas_timeout, _one)
 
     def claim(
         self,
@@ -307,7 +463,7 @@ class Commands:
         """The reserve-or-read script; its reply also names the holder of a record it met.
         ``committed``: a won reservation is created committed (as :meth:`mark_committed`
         leaves it, with the same lease)."""
-        token = lease_token(owned)
+        token = self.lost.take(record_id, fingerprint, committed) or lease_token(owned)
         args: tuple[Any, ...] = (
             self.prefix + record_id,
             fingerprint,
@@ -317,7 +473,12 @@ class Commands:
         )
         if committed:
             args += (max(0, round(lease * 1000)),)
-        return Call(RESERVE, args, _parse_claim, token)
+        return Call(RESERVE, args, _parse_claim, token, self._claimed)
+
+    def lost_claim(self, record_id: str, fingerprint: str, claim: Call[Any]) -> None:
+        """``claim`` (or the takeover after it) failed without an answer: remember its token
+        for a retry from this process (:class:`LostReplies`)."""
+        self.lost.keep(record_id, fingerprint, len(claim.args) > 5, claim.token or "")
 
     def owner_key(self, instance: str) -> str:
         """The heartbeat key of ``instance``."""
@@ -341,7 +502,7 @@ class Commands:
             ms(min(lease, ttl)),
             ms(ttl),
         )
-        return Call(_TAKE_OVER, args, _parse_flag)
+        return Call(_TAKE_OVER, args, _parse_flag, wait=self._flagged)
 
     def renew(self, record_id: str, token: str, lease: float) -> Call[bool]:
         """See :meth:`retrysafe.stores.AsyncStore.renew`."""
@@ -352,7 +513,8 @@ class Commands:
         # Only a hash field (no PEXPIRE): a lease of 0 must stay 0, so the outcome is unknown at
         # once (the flow's "declare unknown"), not 1 ms later.
         lease_ms = max(0, round(lease * 1000))
-        return Call(_MARK_COMMITTED, (self.prefix + record_id, token, lease_ms), _parse_flag)
+        args = (self.prefix + record_id, token, lease_ms)
+        return Call(_MARK_COMMITTED, args, _parse_flag, wait=self._flagged)
 
     def delete(self, record_id: str) -> Call[bool]:
         """See :meth:`retrysafe.stores.AsyncStore.delete`."""
@@ -361,7 +523,7 @@ class Commands:
     def complete(self, record_id: str, token: str, response: bytes, ttl: float) -> Call[bool]:
         """See :meth:`retrysafe.stores.AsyncStore.complete`."""
         args = (self.prefix + record_id, token, response, ms(ttl))
-        return Call(_COMPLETE, args, _parse_flag)
+        return Call(_COMPLETE, args, _parse_flag, wait=self._flagged)
 
     def release(self, record_id: str, token: str) -> Call[bool]:
         """See :meth:`retrysafe.stores.AsyncStore.release`."""

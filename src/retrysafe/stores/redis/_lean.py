@@ -37,7 +37,7 @@ import hiredis
 
 from ..._core.errors import StoreError, StoreUnavailableError
 from .._base import StoreStats
-from ._commands import Call, RedisURL, Tally, now_ms, reply_error
+from ._commands import Call, RedisURL, Tally, Wait, now_ms, reply_error
 
 __all__ = ["LeanDriver", "LeanRedis", "ReplyError", "pack_command"]
 
@@ -210,6 +210,8 @@ class LeanRedis:
         self.where = f"{host}:{port}"
         self._conn: _Connection | None = None
         self._connecting: asyncio.Task[_Connection] | None = None
+        #: The WAIT the commands of this event-loop iteration share (see execute_acked).
+        self._wait: tuple[_Connection, bytes, asyncio.Future[Any]] | None = None
 
     async def execute(self, packed: bytes) -> Any:
         """Send one command packed by :func:`pack_command` and return its reply.
@@ -224,6 +226,57 @@ class LeanRedis:
         if conn is None or conn.closed or conn.loop is not asyncio.get_running_loop():
             conn = await self._connect()
         return await conn.send(packed)
+
+    async def execute_acked(self, packed: bytes, wait: bytes) -> tuple[Any, Any]:
+        """Send one packed command followed, on the same connection, by a packed ``WAIT``;
+        return both replies (a :data:`ReplyError` in the place of one Redis refused).
+
+        Commands sent in the same event-loop iteration share one ``WAIT``, sent after them: it
+        counts the replicas that have every write the connection made before it, so one covers
+        them all. (Redis runs nothing else of a connection while a ``WAIT`` blocks it: one per
+        command would cost each command a replica round trip in turn.)
+
+        Raises:
+            StoreUnavailableError: as :meth:`execute`, for either.
+        """
+        conn = self._conn
+        if conn is None or conn.closed or conn.loop is not asyncio.get_running_loop():
+            conn = await self._connect()
+        shared = self._wait
+        if shared is None or shared[0] is not conn or shared[1] != wait:
+            shared = (conn, wait, conn.loop.create_future())
+            self._wait = shared
+            # Scheduled before the command is sent: when the command is the first of this
+            # iteration, the WAIT then leaves in the same write (its flush comes after).
+            conn.loop.call_soon(self._send_wait, shared)
+        reply = conn.send(packed)
+        replies = await asyncio.gather(reply, shared[2], return_exceptions=True)
+        for found in replies:
+            if isinstance(found, BaseException) and not isinstance(found, ReplyError):
+                raise found
+        return replies[0], replies[1]
+
+    def _send_wait(self, shared: tuple[_Connection, bytes, asyncio.Future[Any]]) -> None:
+        if self._wait is shared:
+            self._wait = None
+        conn, wait, result = shared
+        try:
+            sent = conn.send(wait)
+        except StoreUnavailableError as exc:
+            result.set_exception(exc)
+            return
+
+        def settle(done: asyncio.Future[Any]) -> None:
+            if result.done():
+                return
+            if done.cancelled():
+                result.cancel()
+            elif (exc := done.exception()) is not None:
+                result.set_exception(exc)
+            else:
+                result.set_result(done.result())
+
+        sent.add_done_callback(settle)
 
     async def _connect(self) -> _Connection:
         loop = asyncio.get_running_loop()
@@ -306,6 +359,8 @@ class LeanDriver:
 
     async def perform(self, call: Call[T]) -> T:
         """Run one script call (``EVALSHA``, ``EVAL`` when the server lost the script)."""
+        if call.wait is not None:
+            return await self._perform_acked(call, call.wait)
         lean = self.lean
         script = call.script
         try:
@@ -320,6 +375,22 @@ class LeanDriver:
         except ReplyError as exc:
             raise reply_error(exc, script.name) from exc
         result: T = call.parse(reply, call)
+        return result
+
+    async def _perform_acked(self, call: Call[T], wait: Wait) -> T:
+        """The script and a ``WAIT`` after it (shared with the calls sent beside it; see
+        :class:`Wait` and :meth:`LeanRedis.execute_acked`)."""
+        script = call.script
+        wait_packed = pack_command(wait.command)
+        packed = pack_command(("EVALSHA", script.sha, 1, *call.args))
+        reply, acked = await self.lean.execute_acked(packed, wait_packed)
+        if isinstance(reply, ReplyError) and str(reply).startswith("NOSCRIPT"):
+            packed = pack_command(("EVAL", script.source, 1, *call.args))
+            reply, acked = await self.lean.execute_acked(packed, wait_packed)
+        if isinstance(reply, ReplyError):
+            raise reply_error(reply, script.name) from reply
+        result: T = call.parse(reply, call)
+        wait.check(reply, acked, script.name)
         return result
 
     async def beat(self, key: str, ttl_ms: int) -> None:

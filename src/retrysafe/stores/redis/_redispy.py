@@ -11,8 +11,8 @@ from typing import Any
 
 import redis as redis_py
 from redis.backoff import NoBackoff
+from redis.exceptions import AskError, RedisClusterException, RedisError, TryAgainError
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisClusterException, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
@@ -25,6 +25,8 @@ __all__ = [
     "async_cluster",
     "check_client",
     "client_errors",
+    "pipeline_async",
+    "pipeline_sync",
     "redis_py_error",
     "sync_client",
 ]
@@ -56,6 +58,87 @@ def client_errors(what: str) -> Iterator[None]:
         raise StoreUnavailableError(
             f"Redis {what} failed in the client: {type(exc).__name__}: {exc}", store=STORE
         ) from exc
+
+
+#: Tries of a script and its ``WAIT`` on a slot's master that meet a redirection (the slot
+#: moved: nothing ran), each after the slot map is read again.
+_ROUTE_ATTEMPTS = 3
+#: Replies that say the command did not run on that node: another node serves the slot now.
+_REDIRECTED = (AskError, TryAgainError)  # MovedError is an AskError
+
+
+def _is_cluster(client: Any) -> bool:
+    return hasattr(client, "get_node_from_key")
+
+
+async def pipeline_async(client: Any, key: Any, commands: list[tuple[Any, ...]]) -> list[Any]:
+    """``commands`` in order on ONE connection of ``key``'s server, in one round trip; each
+    reply in its place, an error reply as its exception.
+
+    On a cluster client, on a connection of the master of ``key``'s slot, not through the
+    cluster pipeline: that one may send a redirected command again on another connection,
+    where a ``WAIT`` would count none of the script's write. A redirection (nothing ran) reads
+    the slot map again and tries again; a lost connection reads it again for the next call
+    and raises (what ran is unknown).
+    """
+    if not _is_cluster(client):
+        pipe = client.pipeline(transaction=False)
+        for command in commands:
+            pipe.execute_command(*command)
+        return list(await pipe.execute(raise_on_error=False))
+    from redis.asyncio.cluster import PipelineCommand
+
+    for _ in range(_ROUTE_ATTEMPTS):
+        await client.initialize()  # the first use reads the slot map; later, nothing
+        node = client.get_node_from_key(key)
+        queued = [PipelineCommand(i, *command) for i, command in enumerate(commands)]
+        try:
+            await node.execute_pipeline(queued)
+        except (RedisConnectionError, RedisTimeoutError, OSError):
+            await _refresh_async(client)
+            raise
+        replies = [command.result for command in queued]
+        if isinstance(replies[0], _REDIRECTED):
+            await _refresh_async(client)
+            continue
+        if isinstance(replies[0], RedisConnectionError | RedisTimeoutError):
+            await _refresh_async(client)
+        return replies
+    raise RedisClusterException(f"the slot of {key!r} kept moving")
+
+
+async def _refresh_async(client: Any) -> None:
+    with contextlib.suppress(*CLIENT_ERRORS):
+        await client.nodes_manager.initialize()
+
+
+def pipeline_sync(client: Any, key: Any, commands: list[tuple[Any, ...]]) -> list[Any]:
+    """:func:`pipeline_async` on redis-py's sync clients (a cluster's: on the connection pool
+    of the master of ``key``'s slot)."""
+    cluster = _is_cluster(client)
+    for _ in range(_ROUTE_ATTEMPTS):
+        target = client
+        if cluster:
+            target = client.get_redis_connection(client.get_node_from_key(key))
+        pipe = target.pipeline(transaction=False)
+        for command in commands:
+            pipe.execute_command(*command)
+        try:
+            replies = list(pipe.execute(raise_on_error=False))
+        except (RedisConnectionError, RedisTimeoutError, OSError):
+            if cluster:
+                _refresh_sync(client)
+            raise
+        if cluster and isinstance(replies[0], _REDIRECTED):
+            _refresh_sync(client)
+            continue
+        return replies
+    raise RedisClusterException(f"the slot of {key!r} kept moving")
+
+
+def _refresh_sync(client: Any) -> None:
+    with contextlib.suppress(*CLIENT_ERRORS):
+        client.nodes_manager.initialize()
 
 
 def check_client(client: Any) -> None:

@@ -24,9 +24,11 @@ from .._url import StoreURL
 from ._commands import (
     DEFAULT_HEARTBEAT,
     DEFAULT_PREFIX,
+    DEFAULT_REPLICAS_TIMEOUT,
     Call,
     Commands,
     RedisURL,
+    check_replicas,
     conflict_op,
     parse_cluster_url,
     parse_redis_url,
@@ -65,6 +67,21 @@ def _own_options(
     return parsed, prefix
 
 
+def _replicas(
+    parsed: RedisURL | None, replicas: int | None, replicas_timeout: float | None
+) -> tuple[int, float]:
+    """The keywords over the URL's ``?replicas=`` / ``?replicas_timeout=``, checked."""
+    if replicas is None:
+        replicas = parsed.replicas if parsed is not None else 0
+    if replicas_timeout is None:
+        replicas_timeout = (
+            parsed.replicas_timeout if parsed is not None else DEFAULT_REPLICAS_TIMEOUT
+        )
+    # A user's client has its own timeout, unknown here: only the URL's bounds the wait.
+    check_replicas(replicas, replicas_timeout, parsed.timeout if parsed else float("inf"))
+    return replicas, replicas_timeout
+
+
 class RedisStore:
     """Keeps records in Redis; synchronous (WSGI, Django, scripts).
 
@@ -74,10 +91,16 @@ class RedisStore:
             or ``RedisCluster``, created with ``decode_responses=False``); never closed here.
         prefix: key prefix of every record (default: the URL's ``?prefix=``, else
             ``"retrysafe:"``).
+        replicas: how many replicas must acknowledge a reservation, a completion or a commit
+            mark (``WAIT``) before it counts as done; one they do not acknowledge in time fails
+            with :class:`~retrysafe.StoreUnavailableError` (``503``). Default: the URL's
+            ``?replicas=``, else 0 (no wait).
+        replicas_timeout: seconds those writes wait (default: the URL's
+            ``?replicas_timeout=``, else 0.5); less than the URL's ``?timeout=``.
 
     Raises:
-        ConfigurationError: neither or both of ``url`` and ``client``, a bad URL, or a client
-            that decodes responses.
+        ConfigurationError: neither or both of ``url`` and ``client``, a bad URL, a client
+            that decodes responses, or a bad ``replicas`` / ``replicas_timeout`` (named).
     """
 
     kind = "redis"
@@ -85,18 +108,32 @@ class RedisStore:
     expires_records = True
 
     def __init__(
-        self, url: str | StoreURL | None = None, *, client: Any = None, prefix: str | None = None
+        self,
+        url: str | StoreURL | None = None,
+        *,
+        client: Any = None,
+        prefix: str | None = None,
+        replicas: int | None = None,
+        replicas_timeout: float | None = None,
     ) -> None:
         parsed, prefix = _own_options(url, client, prefix)
+        acks = _replicas(parsed, replicas, replicas_timeout)
         driver, thread = connect_sync(parsed, client)
         heartbeat = parsed.heartbeat if parsed is not None else DEFAULT_HEARTBEAT
-        self._setup(driver, prefix, heartbeat, thread)
+        self._setup(driver, prefix, heartbeat, thread, acks)
 
     def _setup(
-        self, driver: _Driver, prefix: str, heartbeat: float, thread: ThreadClient | None
+        self,
+        driver: _Driver,
+        prefix: str,
+        heartbeat: float,
+        thread: ThreadClient | None,
+        acks: tuple[int, float],
     ) -> None:
         self.prefix = prefix
-        self._commands = Commands(prefix)
+        #: Replicas that must acknowledge each reservation, completion and commit mark.
+        self.replicas = acks[0]
+        self._commands = Commands(prefix, *acks)
         self._driver = driver
         self._heartbeat: Heartbeat | None = None
         if heartbeat and thread is not None:
@@ -115,11 +152,16 @@ class RedisStore:
         hb = self._heartbeat
         owned = hb is not None and (hb.fresh() or self._start_heartbeat(hb))
         claim = self._commands.claim(record_id, fingerprint, lease, ttl, owned)
-        first = self._driver.perform(claim)
-        if first[1] is None:
-            return first[0]
-        op = conflict_op(self._commands, claim, first, record_id, fingerprint, lease, ttl)
-        return drive(op, self._driver)
+        try:
+            first = self._driver.perform(claim)
+            if first[1] is None:
+                return first[0]
+            op = conflict_op(self._commands, claim, first, record_id, fingerprint, lease, ttl)
+            return drive(op, self._driver)
+        except BaseException:
+            # No answer: the reservation may exist. A retry from here resumes it.
+            self._commands.lost_claim(record_id, fingerprint, claim)
+            raise
 
     def reserve_committed(
         self, record_id: str, fingerprint: str, *, lease: float, ttl: float
@@ -131,11 +173,15 @@ class RedisStore:
         hb = self._heartbeat
         owned = hb is not None and (hb.fresh() or self._start_heartbeat(hb))
         claim = self._commands.claim(record_id, fingerprint, lease, ttl, owned, committed=True)
-        first = self._driver.perform(claim)
-        if first[1] is None:
-            return first[0], first[0].token is not None
-        op = conflict_op(self._commands, claim, first, record_id, fingerprint, lease, ttl)
-        return drive(op, self._driver), False
+        try:
+            first = self._driver.perform(claim)
+            if first[1] is None:
+                return first[0], first[0].token is not None
+            op = conflict_op(self._commands, claim, first, record_id, fingerprint, lease, ttl)
+            return drive(op, self._driver), False
+        except BaseException:
+            self._commands.lost_claim(record_id, fingerprint, claim)
+            raise
 
     def _start_heartbeat(self, hb: Heartbeat) -> bool:
         """Start this process's heartbeat: the first SET through the store's own driver, then
@@ -203,15 +249,26 @@ class RedisClusterStore(RedisStore):
 
     Args:
         url: ``redis+cluster://host:port,host:port?prefix=...`` (or ``rediss+cluster://``).
+        replicas: how many replicas of a slot's master must acknowledge a reservation, a
+            completion or a commit mark (see :class:`RedisStore`; default: the URL's
+            ``?replicas=``, else 0).
+        replicas_timeout: seconds those writes wait (default: ``?replicas_timeout=``, else 0.5).
 
     Raises:
-        ConfigurationError: a bad URL.
+        ConfigurationError: a bad URL, or a bad ``replicas`` / ``replicas_timeout`` (named).
     """
 
-    def __init__(self, url: str | StoreURL) -> None:
+    def __init__(
+        self,
+        url: str | StoreURL,
+        *,
+        replicas: int | None = None,
+        replicas_timeout: float | None = None,
+    ) -> None:
         parsed = parse_cluster_url(url)
+        acks = _replicas(parsed.options, replicas, replicas_timeout)
         driver, thread = connect_cluster_sync(parsed)
-        self._setup(driver, parsed.options.prefix, parsed.options.heartbeat, thread)
+        self._setup(driver, parsed.options.prefix, parsed.options.heartbeat, thread, acks)
 
     @classmethod
     def from_url(cls, url: str | StoreURL) -> RedisClusterStore:

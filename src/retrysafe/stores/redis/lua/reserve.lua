@@ -9,7 +9,7 @@
 -- While in progress the key's TTL is the lease, so a crashed owner's record vanishes when its
 -- lease lapses and the next reserve simply creates a new one (takeover). A committed record is
 -- never taken over: its TTL is the retention, its lease is kept in l. Completed: the retention.
--- Returns {1} when this call won (also when a resent call finds its own reservation), else the
+-- Returns {1} when this call won (also when it finds its own token: see below), else the
 -- record as get.lua does plus the holder's token (owner liveness: reserve asks whether that
 -- token's owner is alive, and take_over.lua replaces it if not).
 local v = redis.call('HMGET', KEYS[1], 's', 'f', 'r', 'l', 't')
@@ -31,6 +31,16 @@ if v[1] == '1' then
 end
 local t = v[5]
 if t == ARGV[2] then
+  -- This caller's own reservation: a resent call, or a retry whose first reply was lost. Won
+  -- again, its lease restarting now; being a write, it also makes a WAIT after this call
+  -- cover the first one, whichever connection that came on.
+  if v[1] == '2' then
+    local now = redis.call('TIME')
+    local ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+    redis.call('HSET', KEYS[1], 'l', ms + tonumber(ARGV[5] or ARGV[3]))
+  else
+    redis.call('PEXPIRE', KEYS[1], ARGV[3])
+  end
   return {1}
 end
 if v[1] == '2' then

@@ -1,0 +1,299 @@
+"""The asyncmy driver under :class:`~retrysafe.stores.mysql.AsyncMySQLStore` (hand-written:
+what is asyncmy's own; the store's logic is in the facade and in ``_sql.py``).
+
+It keeps a small pool of connections per event loop and process, sends one statement on a
+pooled connection (:meth:`AsyncmyDriver.perform`), creates the table, and runs a request's
+transaction. Errors leave it as :class:`~retrysafe.StoreError` (``ConnectionLostError`` when an
+established connection broke, so the operation may repeat the statement).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import asyncmy
+from asyncmy import errors as asyncmy_errors
+
+from ..._core.drive import drive
+from ..._core.errors import StoreError, StoreUnavailableError
+from . import _owner
+from ._sql import (
+    STORE_NAME,
+    ConnectionLostError,
+    MySQLOptions,
+    Query,
+    RetryableError,
+    Rows,
+    Statements,
+    ensure_schema_op,
+    error_kind,
+)
+
+__all__ = ["AsyncmyDriver"]
+
+logger = logging.getLogger("retrysafe.stores.mysql")
+
+
+def _error(exc: BaseException, *, established: bool, what: str) -> StoreError:
+    """Translate an asyncmy/socket error (``established``: it came from an open connection,
+    so it may be a lost one)."""
+    message = f"MySQL {what} failed: {type(exc).__name__}: {exc}"
+    code = exc.args[0] if exc.args and isinstance(exc.args[0], int) else None
+    lost: type[StoreError] = ConnectionLostError if established else StoreUnavailableError
+    kind = error_kind(code)
+    if kind == "retry":
+        return RetryableError(message, store=STORE_NAME)
+    if kind == "lost":
+        return lost(message, store=STORE_NAME)
+    if kind == "unavailable" or isinstance(exc, TimeoutError):
+        return StoreUnavailableError(message, store=STORE_NAME)
+    if isinstance(exc, OSError | asyncmy_errors.InterfaceError):
+        return lost(message, store=STORE_NAME)
+    return StoreError(message, store=STORE_NAME)
+
+
+def _broken(conn: Any) -> bool:
+    try:
+        return bool(conn._stream_broken) or not conn.connected
+    except Exception:
+        return True
+
+
+async def _run(conn: Any, query: Query) -> Rows:
+    """One statement: its rows, or one row holding its affected-row count."""
+    async with conn.cursor() as cur:
+        count = await cur.execute(query.statement.sql, query.args)
+        if query.statement.returns_rows:
+            rows: Rows = await cur.fetchall()
+            return rows
+        return ((count,),)
+
+
+class _Pool:
+    """Connections of one event loop in one process: the idle ones last in, first out."""
+
+    def __init__(self, options: MySQLOptions) -> None:
+        self.options = options
+        self.loop = asyncio.get_running_loop()
+        self.pid = os.getpid()
+        self.idle: list[Any] = []
+        self.slots = asyncio.Semaphore(options.max_size)
+        self.closed = False
+
+    async def acquire(self, what: str) -> Any:
+        try:
+            async with asyncio.timeout(self.options.pool_timeout):
+                await self.slots.acquire()
+        except TimeoutError as exc:
+            raise StoreUnavailableError(
+                f"MySQL {what} failed: no free connection within {self.options.pool_timeout:g} s",
+                store=STORE_NAME,
+            ) from exc
+        try:
+            while self.idle:
+                conn = self.idle.pop()
+                if not _broken(conn):
+                    return conn
+                conn.close()
+            try:
+                return await asyncmy.connect(**self.options.connect_kwargs())
+            except Exception as exc:
+                raise _error(exc, established=False, what=what) from exc
+        except BaseException:
+            self.slots.release()
+            raise
+
+    def release(self, conn: Any, *, discard: bool = False) -> None:
+        if discard or self.closed or _broken(conn):
+            conn.close()
+        else:
+            self.idle.append(conn)
+        self.slots.release()
+
+    async def aclose(self) -> None:
+        self.closed = True
+        idle, self.idle = self.idle, []
+        for conn in idle:
+            try:
+                await asyncio.wait_for(conn.ensure_closed(), 1.0)
+            except Exception:
+                conn.close()
+
+
+@dataclass(slots=True)
+class _OnConnection:
+    """Statements on one connection (the schema's), for :func:`drive`."""
+
+    conn: Any
+
+    async def perform(self, query: Query) -> Rows:
+        return await _run(self.conn, query)
+
+
+@dataclass(slots=True)
+class _Tx:
+    """A request's transaction: its pool, its connection, and whether it is still open."""
+
+    pool: _Pool
+    conn: Any
+    open: bool = True
+    failed: bool = False  # a statement of ours failed on it: discard it, never reuse
+
+
+class AsyncmyDriver:
+    """asyncmy connections, pooled per event loop and process (opened on first use).
+
+    Args:
+        options: the store's options.
+        statements: the store's statements.
+    """
+
+    def __init__(self, options: MySQLOptions, statements: Statements) -> None:
+        self.options = options
+        self.statements = statements
+        self._pool: _Pool | None = None
+        self._schema_done = not options.auto_create
+
+    async def _current(self) -> _Pool:
+        pool = self._pool
+        if (
+            pool is not None
+            and pool.loop is asyncio.get_running_loop()
+            and pool.pid == os.getpid()
+            and not pool.closed
+        ):
+            return pool
+        # First use, another event loop (asyncio.run twice) or a forked child: a fresh pool.
+        # The old one's connections are dropped, not closed: those of a parent belong to its
+        # sessions, those of a finished loop cannot be closed from here.
+        pool = self._pool = _Pool(self.options)
+        if not self._schema_done:
+            await self._ensure_schema(pool, only_if_missing=True)
+            self._schema_done = True
+        return pool
+
+    async def _ensure_schema(self, pool: _Pool, *, only_if_missing: bool) -> None:
+        conn = await pool.acquire("schema set-up")
+        ok = False
+        try:
+            op = ensure_schema_op(self.statements, only_if_missing=only_if_missing)
+            await drive(op, _OnConnection(conn))
+            ok = True
+        except StoreError:
+            raise
+        except Exception as exc:
+            raise _error(exc, established=False, what="schema set-up") from exc
+        finally:
+            pool.release(conn, discard=not ok)
+
+    async def ensure_schema(self) -> None:
+        """Create the table and its index if missing (looked up first, so an existing table
+        costs a read and raises no "already exists" note)."""
+        await self._ensure_schema(await self._current(), only_if_missing=True)
+
+    async def perform(self, query: Query) -> Rows:
+        """Send one statement on a pooled connection and return its rows (for :func:`drive`)."""
+        pool = await self._current()
+        what = query.statement.name
+        conn = await pool.acquire(what)
+        try:
+            rows = await _run(conn, query)
+        except BaseException as exc:
+            # Failed or cancelled mid-statement: its protocol state is unknown.
+            pool.release(conn, discard=True)
+            if not isinstance(exc, Exception):
+                raise
+            raise _error(exc, established=True, what=what) from exc
+        pool.release(conn)
+        return rows
+
+    # -- owner liveness --------------------------------------------------------------------------
+
+    def owner_held(self) -> bool:
+        """Whether this process's owner lock is held."""
+        return _owner.held(self.options)
+
+    async def hold_owner_lock(self) -> bool:
+        """Take this process's owner lock (see ``_owner.py``); its one connect and statement run
+        in a worker thread, once per process."""
+        return await asyncio.to_thread(_owner.hold, self.options, self.statements)
+
+    async def aclose(self) -> None:
+        """Close the idle connections of this loop's pool."""
+        pool, self._pool = self._pool, None
+        if pool is not None and pool.pid == os.getpid():
+            if pool.loop is asyncio.get_running_loop():
+                await pool.aclose()
+            else:
+                pool.closed = True
+
+    # -- a request's transaction -----------------------------------------------------------------
+    # A lost connection is never a ConnectionLostError here: the transaction died with it, so
+    # no statement of it may be repeated on another connection.
+
+    async def begin(self) -> _Tx:
+        """A pooled connection with a transaction begun (the pool's are in autocommit)."""
+        pool = await self._current()
+        conn = await pool.acquire("begin")
+        try:
+            await conn.begin()
+        except BaseException as exc:
+            pool.release(conn, discard=True)
+            if not isinstance(exc, Exception):
+                raise
+            raise _error(exc, established=False, what="begin") from exc
+        return _Tx(pool, conn)
+
+    async def tx_fetch(self, tx: _Tx, query: Query) -> Rows:
+        """Send one statement in the transaction."""
+        try:
+            return await _run(tx.conn, query)
+        except BaseException as exc:
+            tx.failed = True
+            if not isinstance(exc, Exception):
+                raise
+            raise _error(exc, established=False, what=query.statement.name) from exc
+
+    async def commit(self, tx: _Tx) -> None:
+        """Commit the transaction."""
+        tx.open = False
+        try:
+            await tx.conn.commit()
+        except BaseException as exc:
+            tx.failed = True
+            if not isinstance(exc, Exception):
+                raise
+            raise _error(exc, established=False, what="commit") from exc
+
+    async def rollback(self, tx: _Tx) -> None:
+        """Roll the transaction back (nothing when it has ended)."""
+        if not tx.open:
+            return
+        tx.open = False
+        if _broken(tx.conn):
+            tx.failed = True  # the server rolls back the transaction of a session that ended
+            return
+        try:
+            await tx.conn.rollback()
+        except BaseException as exc:
+            tx.failed = True
+            if not isinstance(exc, Exception):
+                raise
+            raise _error(exc, established=False, what="rollback") from exc
+
+    async def end(self, tx: _Tx) -> None:
+        """Roll back anything not committed and give the connection back to the pool, or
+        discard it when a statement on it failed (it is never reused in an unknown state)."""
+        try:
+            await self.rollback(tx)
+        except StoreError as exc:
+            logger.debug("rollback on close failed: %s", exc)
+        tx.pool.release(tx.conn, discard=tx.failed)
+
+    def broken(self, tx: _Tx) -> bool:
+        """Whether the transaction's connection died (a killed session, a lost socket)."""
+        return _broken(tx.conn)

@@ -1,0 +1,295 @@
+"""The PyMySQL driver under :class:`~retrysafe.stores.mysql.MySQLStore` (hand-written: what is
+PyMySQL's own; the store's logic is in the facade and in ``_sql.py``).
+
+The same jobs as ``_asyncmy.py`` with a thread-safe pool of its own (PyMySQL has none): one
+statement on a pooled connection, the table, a request's transaction. Errors leave it as
+:class:`~retrysafe.StoreError`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import pymysql
+
+from ..._core.drive_sync import drive
+from ..._core.errors import StoreError, StoreUnavailableError
+from . import _owner
+from ._sql import (
+    STORE_NAME,
+    ConnectionLostError,
+    MySQLOptions,
+    Query,
+    RetryableError,
+    Rows,
+    Statements,
+    ensure_schema_op,
+    error_kind,
+)
+
+__all__ = ["PyMySQLDriver"]
+
+logger = logging.getLogger("retrysafe.stores.mysql")
+
+
+def _error(exc: BaseException, *, established: bool, what: str) -> StoreError:
+    """Translate a PyMySQL/socket error (``established``: it came from an open connection, so
+    it may be a lost one)."""
+    message = f"MySQL {what} failed: {type(exc).__name__}: {exc}"
+    code = exc.args[0] if exc.args and isinstance(exc.args[0], int) else None
+    lost: type[StoreError] = ConnectionLostError if established else StoreUnavailableError
+    kind = error_kind(code)
+    if kind == "retry":
+        return RetryableError(message, store=STORE_NAME)
+    if kind == "lost":
+        return lost(message, store=STORE_NAME)
+    if kind == "unavailable" or isinstance(exc, TimeoutError):
+        return StoreUnavailableError(message, store=STORE_NAME)
+    if isinstance(exc, OSError | pymysql.err.InterfaceError):
+        return lost(message, store=STORE_NAME)
+    return StoreError(message, store=STORE_NAME)
+
+
+def _run(conn: Any, query: Query) -> Rows:
+    """One statement: its rows, or one row holding its affected-row count."""
+    with conn.cursor() as cur:
+        count = cur.execute(query.statement.sql, query.args)
+        if query.statement.returns_rows:
+            rows: Rows = cur.fetchall()
+            return rows
+        return ((count,),)
+
+
+class _Pool:
+    """Connections of one process, shared by its threads: the idle ones last in, first out."""
+
+    def __init__(self, options: MySQLOptions) -> None:
+        self.options = options
+        self.pid = os.getpid()
+        self.idle: list[Any] = []
+        self.slots = threading.BoundedSemaphore(options.max_size)
+        self.closed = False
+        self.kwargs = options.connect_kwargs()
+        if options.read_timeout:
+            self.kwargs["read_timeout"] = options.read_timeout
+            self.kwargs["write_timeout"] = options.read_timeout
+
+    def acquire(self, what: str) -> Any:
+        if not self.slots.acquire(timeout=self.options.pool_timeout):
+            raise StoreUnavailableError(
+                f"MySQL {what} failed: no free connection within {self.options.pool_timeout:g} s",
+                store=STORE_NAME,
+            )
+        try:
+            while True:
+                try:
+                    conn = self.idle.pop()  # atomic under the GIL
+                except IndexError:
+                    break
+                if not _owner.session_ended(conn):
+                    return conn
+                _close(conn)
+            try:
+                return pymysql.connect(**self.kwargs)
+            except Exception as exc:
+                raise _error(exc, established=False, what=what) from exc
+        except BaseException:
+            self.slots.release()
+            raise
+
+    def release(self, conn: Any, *, discard: bool = False) -> None:
+        if discard or self.closed:
+            _close(conn)
+        else:
+            self.idle.append(conn)
+        self.slots.release()
+
+    def close(self) -> None:
+        self.closed = True
+        idle, self.idle = self.idle, []
+        for conn in idle:
+            _close(conn)
+
+
+def _close(conn: Any) -> None:
+    try:
+        conn.close()
+    except Exception as exc:  # already closed, or the server is gone
+        logger.debug("closing a MySQL connection: %s", exc)
+
+
+@dataclass(slots=True)
+class _OnConnection:
+    """Statements on one connection (the schema's), for :func:`drive`."""
+
+    conn: Any
+
+    def perform(self, query: Query) -> Rows:
+        return _run(self.conn, query)
+
+
+@dataclass(slots=True)
+class _Tx:
+    """A request's transaction: its pool, its connection, and whether it is still open."""
+
+    pool: _Pool
+    conn: Any
+    open: bool = True
+    failed: bool = False  # a statement of ours failed on it: discard it, never reuse
+
+
+class PyMySQLDriver:
+    """PyMySQL connections, pooled per process (opened on first use).
+
+    Args:
+        options: the store's options.
+        statements: the store's statements.
+    """
+
+    def __init__(self, options: MySQLOptions, statements: Statements) -> None:
+        self.options = options
+        self.statements = statements
+        self._pool: _Pool | None = None
+        self._lock = threading.Lock()
+        self._schema_done = not options.auto_create
+
+    def _current(self) -> _Pool:
+        pool = self._pool
+        if pool is not None and pool.pid == os.getpid() and not pool.closed:
+            return pool
+        with self._lock:
+            pool = self._pool
+            if pool is not None and pool.pid == os.getpid() and not pool.closed:
+                return pool
+            # First use or a forked child: a fresh pool. A parent's connections are dropped,
+            # never closed (closing would end the parent's sessions).
+            pool = _Pool(self.options)
+            if not self._schema_done:
+                self._ensure_schema(pool, only_if_missing=True)
+                self._schema_done = True
+            self._pool = pool
+            return pool
+
+    def _ensure_schema(self, pool: _Pool, *, only_if_missing: bool) -> None:
+        conn = pool.acquire("schema set-up")
+        ok = False
+        try:
+            op = ensure_schema_op(self.statements, only_if_missing=only_if_missing)
+            drive(op, _OnConnection(conn))
+            ok = True
+        except StoreError:
+            raise
+        except Exception as exc:
+            raise _error(exc, established=False, what="schema set-up") from exc
+        finally:
+            pool.release(conn, discard=not ok)
+
+    def ensure_schema(self) -> None:
+        """Create the table and its index if missing (looked up first, so an existing table
+        costs a read and raises no "already exists" note)."""
+        self._ensure_schema(self._current(), only_if_missing=True)
+
+    def perform(self, query: Query) -> Rows:
+        """Send one statement on a pooled connection and return its rows (for :func:`drive`)."""
+        pool = self._pool
+        if pool is None or pool.pid != os.getpid() or pool.closed:
+            pool = self._current()
+        what = query.statement.name
+        conn = pool.acquire(what)
+        try:
+            rows = _run(conn, query)
+        except BaseException as exc:
+            pool.release(conn, discard=True)
+            if not isinstance(exc, Exception):
+                raise
+            raise _error(exc, established=True, what=what) from exc
+        pool.release(conn)
+        return rows
+
+    # -- owner liveness --------------------------------------------------------------------------
+
+    def owner_held(self) -> bool:
+        """Whether this process's owner lock is held."""
+        return _owner.held(self.options)
+
+    def hold_owner_lock(self) -> bool:
+        """Take this process's owner lock (see ``_owner.py``)."""
+        return _owner.hold(self.options, self.statements)
+
+    def close(self) -> None:
+        """Close the idle connections of the pool."""
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None and pool.pid == os.getpid():
+            pool.close()
+
+    # -- a request's transaction -----------------------------------------------------------------
+    # A lost connection is never a ConnectionLostError here: the transaction died with it, so
+    # no statement of it may be repeated on another connection.
+
+    def begin(self) -> _Tx:
+        """A pooled connection with a transaction begun (the pool's are in autocommit)."""
+        pool = self._current()
+        conn = pool.acquire("begin")
+        try:
+            conn.begin()
+        except BaseException as exc:
+            pool.release(conn, discard=True)
+            if not isinstance(exc, Exception):
+                raise
+            raise _error(exc, established=False, what="begin") from exc
+        return _Tx(pool, conn)
+
+    def tx_fetch(self, tx: _Tx, query: Query) -> Rows:
+        """Send one statement in the transaction."""
+        try:
+            return _run(tx.conn, query)
+        except BaseException as exc:
+            tx.failed = True
+            if not isinstance(exc, Exception):
+                raise
+            raise _error(exc, established=False, what=query.statement.name) from exc
+
+    def commit(self, tx: _Tx) -> None:
+        """Commit the transaction."""
+        tx.open = False
+        try:
+            tx.conn.commit()
+        except BaseException as exc:
+            tx.failed = True
+            if not isinstance(exc, Exception):
+                raise
+            raise _error(exc, established=False, what="commit") from exc
+
+    def rollback(self, tx: _Tx) -> None:
+        """Roll the transaction back (nothing when it has ended)."""
+        if not tx.open:
+            return
+        tx.open = False
+        if tx.conn._sock is None:
+            tx.failed = True  # the server rolls back the transaction of a session that ended
+            return
+        try:
+            tx.conn.rollback()
+        except BaseException as exc:
+            tx.failed = True
+            if not isinstance(exc, Exception):
+                raise
+            raise _error(exc, established=False, what="rollback") from exc
+
+    def end(self, tx: _Tx) -> None:
+        """Roll back anything not committed and give the connection back to the pool, or
+        discard it when a statement on it failed (it is never reused in an unknown state)."""
+        try:
+            self.rollback(tx)
+        except StoreError as exc:
+            logger.debug("rollback on close failed: %s", exc)
+        tx.pool.release(tx.conn, discard=tx.failed)
+
+    def broken(self, tx: _Tx) -> bool:
+        """Whether the transaction's connection died (a killed session, a lost socket)."""
+        return _owner.session_ended(tx.conn)

@@ -1,0 +1,506 @@
+"""Driver-independent half of the MySQL/MariaDB store: options, statements, operations.
+
+Both faces of :mod:`retrysafe.stores.mysql` (asyncmy for async, PyMySQL for sync) and their
+transactional mode run exactly this code; only the few lines that send a statement and read its
+rows differ per driver (``_asyncmy.py``, ``_pymysql.py``).
+
+- :class:`MySQLOptions`: everything a ``mysql://`` URL's query may set, validated once.
+- :class:`Statements`: the named statements of ``mysql.sql`` with ``{now}``, ``{table}`` and
+  ``{index}`` filled in and the ``:name`` placeholders rewritten to the drivers' ``%s``.
+- Operations (``reserve_op``, ``renew_op``...) are generators: each yields a :class:`Query`,
+  receives its rows (a write's rows are one row holding its affected-row count), and returns
+  the result; the one action loop (:func:`retrysafe._core.drive.drive`) sends the statements
+  through a driver. A connection lost in the middle of a statement is thrown into the generator
+  as :class:`ConnectionLostError`, a deadlock or lock wait timeout as :class:`RetryableError`,
+  so the retry policy is written once, here, for both drivers.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Generator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import unquote
+
+from ..._core.errors import ConfigurationError, StoreError, StoreUnavailableError
+from ..._core.records import Record, Reservation, lease_token, other_owner
+from .._registry import parse_store_url
+from .._sql import load_queries
+from .._url import StoreURL, flag, non_negative, text, whole
+
+__all__ = [
+    "OWNER_LOCK_PREFIX",
+    "SCHEMES",
+    "URL_OPTIONS",
+    "ConnectionLostError",
+    "MySQLOptions",
+    "Query",
+    "RetryableError",
+    "Statement",
+    "Statements",
+    "complete_op",
+    "delete_op",
+    "ensure_schema_op",
+    "error_kind",
+    "get_op",
+    "mark_committed_op",
+    "owner_lock_query",
+    "purge_op",
+    "release_op",
+    "renew_op",
+    "reserve_op",
+    "stats_op",
+]
+
+STORE_NAME = "mysql"
+DEFAULT_TABLE = "retrysafe_records"
+PURGE_BATCH = 1000
+#: A reserve finds neither a win nor a live record only when the record changed between its two
+#: statements (released, completed and expired, taken over); many times in a row means churn.
+RESERVE_ATTEMPTS = 50
+#: The named lock of an instance is this prefix and its 24-character id (64 characters at most).
+OWNER_LOCK_PREFIX = "retrysafe:"
+
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_$]{0,63}")
+_PLACEHOLDER = re.compile(r"(?<![:\w]):([A-Za-z_][A-Za-z0-9_]*)")
+
+SCHEMES = ("mysql", "mariadb")
+
+#: The store's own query options (see :class:`MySQLOptions`): keyword -> converter.
+URL_OPTIONS = {
+    "table": text,
+    "auto_create": flag,
+    "max_size": whole,
+    "connect_timeout": non_negative,
+    "pool_timeout": non_negative,
+    "read_timeout": non_negative,
+    "charset": text,
+    "ssl": flag,
+    "ssl_ca": text,
+    "unix_socket": text,
+}
+
+#: Server error codes that mean "the connection is gone" (the statement may or may not have
+#: run): server gone away, lost connection, shutdown in progress, connection killed (MariaDB),
+#: disconnected for inactivity (MySQL 8.0.24+), lost during read (MySQL 8).
+LOST_CODES = frozenset({2006, 2013, 2055, 1053, 1927, 4031, 1160, 1161})
+#: "Not available now": can't connect, unknown host, too many connections, out of memory.
+UNAVAILABLE_CODES = frozenset({2002, 2003, 2005, 1040, 1041, 1203, 1226})
+#: The statement was rolled back and did nothing: deadlock, lock wait timeout.
+RETRYABLE_CODES = frozenset({1213, 1205})
+
+
+class ConnectionLostError(StoreUnavailableError):
+    """An established connection broke during a statement (killed session, server restart).
+
+    The statement may or may not have been carried out; operations decide whether repeating it
+    on a fresh connection is safe.
+    """
+
+
+class RetryableError(ConnectionLostError):
+    """InnoDB rolled the statement back (a deadlock with a concurrent writer, a lock wait
+    timeout): it did nothing, and running it again is what the server asks for."""
+
+
+def error_kind(code: int | None) -> str:
+    """``"lost"``, ``"unavailable"``, ``"retry"`` or ``"error"`` for a MySQL error code."""
+    if code in LOST_CODES:
+        return "lost"
+    if code in UNAVAILABLE_CODES:
+        return "unavailable"
+    if code in RETRYABLE_CODES:
+        return "retry"
+    return "error"
+
+
+def quote_table(table: str) -> tuple[str, str, str | None, str]:
+    """Validate ``table`` or ``database.table``; return (quoted name, quoted index name,
+    database or ``None``, bare table name).
+
+    Raises:
+        ConfigurationError: not one or two identifiers separated by a dot.
+    """
+    parts = table.split(".")
+    if not 1 <= len(parts) <= 2 or not all(_IDENTIFIER.fullmatch(p) for p in parts):
+        raise ConfigurationError(
+            f"mysql table {table!r}: use NAME or DATABASE.NAME made of letters, digits and _"
+        )
+    index = f"{parts[-1][:52]}_expires_at"
+    schema = parts[0] if len(parts) == 2 else None
+    return ".".join(f"`{p}`" for p in parts), f"`{index}`", schema, parts[-1]
+
+
+@dataclass(frozen=True, kw_only=True)
+class MySQLOptions:
+    """Settings of a MySQL/MariaDB store; each can be given as a ``mysql://`` URL query option.
+
+    Attributes:
+        host: the server's host (default ``127.0.0.1``).
+        port: its port (default 3306).
+        user: the user (default ``root``).
+        password: the password (default none).
+        database: the database (the URL's path); required.
+        table: ``name`` or ``database.name`` of the records table.
+        auto_create: create the table on first use if it is missing (default true; one catalog
+            lookup per store). Set false where the application's user may not run DDL, and
+            create the table once with ``retrysafe schema apply --store URL``.
+        max_size: most connections the pool opens (per process and face).
+        connect_timeout: seconds to wait for a new connection.
+        pool_timeout: seconds to wait for a free pooled connection before failing with
+            :class:`~retrysafe.StoreUnavailableError`.
+        read_timeout: seconds to wait for a statement's answer (0: no limit; the sync face
+            only, PyMySQL's ``read_timeout``).
+        charset: the connection's character set (default ``utf8mb4``).
+        ssl: use TLS with the system's certificate authorities.
+        ssl_ca: a CA bundle file for TLS (implies ``ssl``).
+        unix_socket: connect through this socket file instead of TCP.
+    """
+
+    database: str
+    host: str = "127.0.0.1"
+    port: int = 3306
+    user: str = "root"
+    password: str = ""
+    table: str = DEFAULT_TABLE
+    auto_create: bool = True
+    max_size: int = 10
+    connect_timeout: float = 5.0
+    pool_timeout: float = 5.0
+    read_timeout: float = 0.0
+    charset: str = "utf8mb4"
+    ssl: bool = False
+    ssl_ca: str | None = None
+    unix_socket: str | None = None
+    quoted_table: str = field(init=False, repr=False)
+    quoted_index: str = field(init=False, repr=False)
+    schema_name: str | None = field(init=False, repr=False)
+    table_name: str = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        quoted, index, schema, name = quote_table(self.table)
+        object.__setattr__(self, "quoted_table", quoted)
+        object.__setattr__(self, "quoted_index", index)
+        object.__setattr__(self, "schema_name", schema)
+        object.__setattr__(self, "table_name", name)
+        if not self.database:
+            raise ConfigurationError("mysql store URL needs a database: mysql://user@host/DB")
+        if self.max_size < 1:
+            raise ConfigurationError(f"mysql max_size must be >= 1 (got {self.max_size})")
+        if self.connect_timeout <= 0 or self.pool_timeout <= 0:
+            raise ConfigurationError("mysql connect_timeout and pool_timeout must be > 0")
+
+    @classmethod
+    def from_url(cls, url: str | StoreURL, **overrides: Any) -> MySQLOptions:
+        """Read a ``mysql://user:password@host:port/database?option=value`` URL.
+
+        Args:
+            url: the URL (or the URL already parsed by :func:`retrysafe.stores.parse_store_url`).
+            **overrides: options given as keywords (they win over the URL's).
+
+        Raises:
+            ConfigurationError: not a mysql URL, an unknown option, or a bad value.
+        """
+        parsed = parse_store_url(url) if isinstance(url, str) else url
+        if parsed.scheme not in SCHEMES:
+            raise ConfigurationError(f"not a mysql:// URL: {parsed.scheme}://...")
+        if len(parsed.hosts) > 1:
+            raise ConfigurationError("a mysql:// URL names one host")
+        host, port = parsed.hosts[0] if parsed.hosts else ("127.0.0.1", None)
+        values: dict[str, Any] = {
+            "host": host or "127.0.0.1",
+            "port": port or 3306,
+            "database": unquote(parsed.path.strip("/")),
+        }
+        if parsed.username is not None:
+            values["user"] = parsed.username
+        if parsed.password is not None:
+            values["password"] = parsed.password
+        return cls(**{**values, **parsed.options, **overrides})
+
+    def connect_kwargs(self) -> dict[str, Any]:
+        """The keyword arguments PyMySQL's and asyncmy's ``connect`` share."""
+        kwargs: dict[str, Any] = {
+            "host": self.host,
+            "port": self.port,
+            "user": self.user,
+            "password": self.password,
+            "database": self.database,
+            "charset": self.charset,
+            "autocommit": True,
+            "connect_timeout": self.connect_timeout,
+        }
+        if self.unix_socket:
+            kwargs["unix_socket"] = self.unix_socket
+        if self.ssl or self.ssl_ca:
+            import ssl
+
+            kwargs["ssl"] = ssl.create_default_context(cafile=self.ssl_ca)
+        return kwargs
+
+
+@dataclass(frozen=True, slots=True)
+class Statement:
+    """One SQL statement in ``%s`` form, the parameter names in order, and whether it answers
+    with rows (a ``SELECT``) or with its affected-row count."""
+
+    name: str
+    sql: str
+    params: tuple[str, ...]
+    returns_rows: bool
+
+    def args(self, values: Mapping[str, Any]) -> tuple[Any, ...]:
+        """The positional arguments for ``values`` given by name."""
+        return tuple(values[p] for p in self.params)
+
+
+def to_format(sql: str) -> tuple[str, tuple[str, ...]]:
+    """Rewrite ``:name`` placeholders to ``%s`` (a name used twice is passed twice), escape
+    any other ``%`` and drop ``--`` comment lines."""
+    lines = [line for line in sql.splitlines() if not line.lstrip().startswith("--")]
+    names: list[str] = []
+
+    def mark(match: re.Match[str]) -> str:
+        names.append(match.group(1))
+        return "%s"
+
+    body = "\n".join(lines).replace("%", "%%")
+    return _PLACEHOLDER.sub(mark, body), tuple(names)
+
+
+class Statements:
+    """The statements of ``mysql.sql`` prepared for one table.
+
+    Args:
+        options: the store's options (table name).
+    """
+
+    def __init__(self, options: MySQLOptions) -> None:
+        self.options = options
+        self._by_name: dict[str, Statement] = {}
+        queries = dict(load_queries("retrysafe.stores.mysql", "mysql.sql"))
+        now = queries.pop("now")  # a fragment of the statements, not one itself
+        for name, source in queries.items():
+            source = source.replace("{now}", now)
+            source = source.replace("{table}", options.quoted_table)
+            source = source.replace("{index}", options.quoted_index)
+            sql, params = to_format(source)
+            returns_rows = sql.lstrip().upper().startswith("SELECT")
+            self._by_name[name] = Statement(name, sql, params, returns_rows)
+
+    def __getitem__(self, name: str) -> Statement:
+        return self._by_name[name]
+
+    def query(self, name: str, **values: Any) -> Query:
+        """A statement with its arguments."""
+        statement = self._by_name[name]
+        return Query(statement, statement.args(values))
+
+
+@dataclass(frozen=True, slots=True)
+class Query:
+    """A statement ready to send: what an operation yields to its driver."""
+
+    statement: Statement
+    args: tuple[Any, ...]
+
+
+Rows = Sequence[Sequence[Any]]
+
+
+def _count(rows: Rows) -> int:
+    return int(rows[0][0])
+
+
+def _record(row: Sequence[Any]) -> Record:
+    fingerprint, state, lease_remaining, response = row[:4]
+    if state == 1:
+        return Record(fingerprint, "completed", bytes(response))
+    return Record(
+        fingerprint,
+        "in_progress",
+        lease_remaining=max(0.0, float(lease_remaining)),
+        committed=state == 2,
+    )
+
+
+def owner_lock_query(q: Statements, instance: str) -> Query:
+    """The statement that takes the owner lock of ``instance`` (on its own session)."""
+    return q.query("owner_lock", lock_name=OWNER_LOCK_PREFIX + instance)
+
+
+def reserve_op(
+    q: Statements,
+    record_id: str,
+    fingerprint: str,
+    *,
+    lease: float,
+    ttl: float,
+    owned: bool = False,
+) -> Generator[Query, Rows, Reservation]:
+    """See :meth:`retrysafe.stores.AsyncStore.reserve`.
+
+    Inserts (or takes over an expired or lapsed record) in one statement; when a live record is
+    there, reads it (``peek``) with whether its owner is gone. An owner that is gone has its
+    in-progress record taken over at once (fenced on its token); its committed record is
+    "outcome unknown" at once. After a lost connection or a deadlock the insert runs again: it
+    recognises this call's own token if the lost attempt had won.
+
+    Args:
+        q: the statements.
+        record_id: the record.
+        fingerprint: the request's fingerprint.
+        lease: seconds of lease.
+        ttl: seconds of retention.
+        owned: this process holds its owner lock, so its token may name it as owner.
+    """
+    token = lease_token(owned)
+    values = {
+        "id": record_id,
+        "fingerprint": fingerprint,
+        "token": token,
+        "lease": float(lease),
+        "ttl": float(ttl),
+    }
+    insert = q.query("reserve", **values)
+    peek = q.query("peek", id=record_id, lock_prefix=OWNER_LOCK_PREFIX)
+    lost = False
+    for _ in range(RESERVE_ATTEMPTS):
+        try:
+            if (yield insert)[0][0]:
+                return Reservation(token=token)
+            rows = yield peek
+        except RetryableError:
+            continue
+        except ConnectionLostError:
+            if lost:
+                raise
+            lost = True
+            continue
+        if not rows:
+            continue  # released or expired since the insert: try again
+        row = rows[0]
+        holder = row[4]
+        if holder == token and row[1] == 0:
+            return Reservation(token=token)  # the insert won before a lost connection
+        record = _record(row)
+        if record.state == "in_progress" and not record.committed and record.lease_remaining <= 0:
+            continue  # lapsed since the insert: the next insert takes it over
+        owner = other_owner(holder)
+        if record.state != "in_progress" or owner is None or not row[5]:
+            return Reservation(record=record)
+        if record.committed:
+            # Effects happened and no one will store the answer: outcome unknown at once.
+            return Reservation(record=Record(record.fingerprint, "in_progress", committed=True))
+        took = yield from _retry_once(q.query("take_over", holder=holder, **values))
+        if _count(took):
+            return Reservation(token=token)
+        # The record changed in between: read it again.
+    raise StoreError(
+        f"reserve found no record {RESERVE_ATTEMPTS} times in a row (constant churn on one key)",
+        store=STORE_NAME,
+    )
+
+
+def _retry_once(query: Query) -> Generator[Query, Rows, Rows]:
+    """Run ``query``; after a lost connection or a deadlock run it once more (safe for
+    idempotent statements)."""
+    try:
+        return (yield query)
+    except ConnectionLostError:
+        return (yield query)
+
+
+def renew_op(
+    q: Statements, record_id: str, token: str, *, lease: float
+) -> Generator[Query, Rows, bool]:
+    """See :meth:`retrysafe.stores.AsyncStore.renew` (extending a lease twice is harmless)."""
+    rows = yield from _retry_once(q.query("renew", id=record_id, token=token, lease=float(lease)))
+    return bool(_count(rows))
+
+
+def mark_committed_op(
+    q: Statements, record_id: str, token: str, *, lease: float
+) -> Generator[Query, Rows, bool]:
+    """See :meth:`retrysafe.stores.AsyncStore.mark_committed` (repeating it is harmless)."""
+    query = q.query("mark_committed", id=record_id, token=token, lease=float(lease))
+    rows = yield from _retry_once(query)
+    return bool(_count(rows))
+
+
+def delete_op(q: Statements, record_id: str) -> Generator[Query, Rows, bool]:
+    """See :meth:`retrysafe.stores.AsyncStore.delete`."""
+    rows = yield from _retry_once(q.query("delete", id=record_id))
+    return bool(_count(rows))
+
+
+def complete_op(
+    q: Statements, record_id: str, token: str, response: bytes, *, ttl: float
+) -> Generator[Query, Rows, bool]:
+    """See :meth:`retrysafe.stores.AsyncStore.complete`.
+
+    Losing the connection here is the worst moment (the handler ran; a lost completion lets the
+    key be run again after the lease), so it is retried on a fresh connection; if the lost
+    attempt had committed, ``completed_by`` recognises it as this token's completion.
+    """
+    query = q.query("complete", id=record_id, token=token, response=response, ttl=float(ttl))
+    try:
+        rows = yield query
+    except ConnectionLostError:
+        rows = yield query
+        if not _count(rows):
+            rows = yield q.query("completed_by", id=record_id, token=token)
+            return bool(rows)
+    return bool(_count(rows))
+
+
+def release_op(q: Statements, record_id: str, token: str) -> Generator[Query, Rows, bool]:
+    """See :meth:`retrysafe.stores.AsyncStore.release`.
+
+    Retried once after a lost connection; it then answers ``False`` if the lost attempt had
+    already deleted the record (callers only log that answer).
+    """
+    rows = yield from _retry_once(q.query("release", id=record_id, token=token))
+    return bool(_count(rows))
+
+
+def get_op(q: Statements, record_id: str) -> Generator[Query, Rows, Record | None]:
+    """See :meth:`retrysafe.stores.AsyncStore.get`."""
+    rows = yield from _retry_once(q.query("get", id=record_id))
+    return _record(rows[0]) if rows else None
+
+
+def purge_op(q: Statements, batch: int = PURGE_BATCH) -> Generator[Query, Rows, int]:
+    """See :meth:`retrysafe.stores.AsyncStore.purge_expired`: batches until one comes back short,
+    each its own short transaction, so a large purge never holds many row locks."""
+    total = 0
+    while True:
+        rows = yield from _retry_once(q.query("purge", batch=batch))
+        deleted = _count(rows)
+        total += deleted
+        if deleted < batch:
+            return total
+
+
+def stats_op(q: Statements) -> Generator[Query, Rows, Sequence[Any]]:
+    """The ``stats`` row (see :class:`~retrysafe.stores.StoreStats`)."""
+    rows = yield from _retry_once(q.query("stats"))
+    return rows[0]
+
+
+def ensure_schema_op(q: Statements, *, only_if_missing: bool) -> Generator[Query, Rows, None]:
+    """Create the table and its expiry index (one statement: MySQL's DDL commits by itself, and
+    ``IF NOT EXISTS`` lets many processes run it at once).
+
+    Args:
+        q: the statements.
+        only_if_missing: look the table up first and stop if it exists (first use: a user
+            without CREATE rights can still use an existing table).
+    """
+    if only_if_missing:
+        o = q.options
+        rows = yield q.query("table_exists", schema_name=o.schema_name, table_name=o.table_name)
+        if rows and rows[0][0]:
+            return
+    yield q.query("create_table")
