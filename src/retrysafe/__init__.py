@@ -16,6 +16,7 @@ from ._core.config import (
     RouteOptions,
 )
 from ._core.errors import (
+    ArgumentError,
     CodecError,
     ConfigurationError,
     IdempotencyError,
@@ -29,7 +30,8 @@ from ._core.errors import (
 from ._core.request import Request
 from ._core.routes import idempotent
 from ._core.transaction import mark_committed, transaction
-from .functions import idempotent_function
+from .calls import CallOptions, Delivery, IdempotentFunction, idempotent_function
+from .consumer import MessageHandler
 from .stores import async_store_from_url, store_from_url
 
 __version__ = "0.2.0"
@@ -37,13 +39,18 @@ __version__ = "0.2.0"
 __all__ = [
     "DEFAULT_RELEASE_STATUSES",
     "DEFAULT_REPLAY_HEADER_DENYLIST",
+    "ArgumentError",
+    "CallOptions",
     "CodecError",
     "ConfigurationError",
+    "Delivery",
     "IdempotencyConfig",
     "IdempotencyError",
+    "IdempotentFunction",
     "InProgressError",
     "InvalidKeyError",
     "KeyReusedError",
+    "MessageHandler",
     "OutcomeUnknownError",
     "Request",
     "RouteOptions",

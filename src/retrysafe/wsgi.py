@@ -25,7 +25,9 @@ from ._core.config import IdempotencyConfig, RouteOptions, front_config, front_s
 from ._core.http import EXECUTE, RUN_UNPROTECTED, Answer, Capture, Flow, admit, notify
 from ._core.request import Request, content_length, exact_path, path_of_bytes
 from ._core.routes import route_config
-from ._core.transaction import CONTEXT_SCOPE_KEY, context_transaction
+from ._core.transaction import CONTEXT_SCOPE_KEY
+from ._core.transaction import sync_mark_committed as mark_committed
+from ._core.transaction import sync_transaction as transaction
 from ._sync.runner import Exchange, Runner
 from .stores import Store, resolve_store
 
@@ -165,32 +167,6 @@ class IdempotencyMiddleware:
             return self.app(environ, start_response)
         assert isinstance(verdict, Answer)
         return _respond(start_response, verdict)
-
-
-def transaction(environ: Mapping[str, Any], *, optional: bool = False) -> Any:
-    """The WSGI twin of :func:`retrysafe.transaction`: the database connection of the current
-    request's idempotent transaction (``sqlite3.Connection``, ``psycopg.Connection``).
-
-    Args:
-        environ: the request's WSGI environ.
-        optional: return ``None`` instead of raising when the request has no transaction.
-
-    Raises:
-        ConfigurationError: the request does not run in transactional mode.
-    """
-    tx = context_transaction(environ, optional=optional)
-    return None if tx is None else tx.connection()
-
-
-def mark_committed(environ: Mapping[str, Any]) -> bool:
-    """The WSGI twin of :func:`retrysafe.mark_committed`.
-
-    Returns:
-        ``True`` when recorded (or the request has no key); ``False`` when the store could not
-        be reached or the lease was lost.
-    """
-    context = environ.get(CONTEXT_SCOPE_KEY)
-    return True if context is None else bool(context.mark_committed())
 
 
 def _status_line(status: int) -> str:

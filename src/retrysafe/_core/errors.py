@@ -5,6 +5,7 @@ The tree::
     IdempotencyError                 base: catch this to catch everything from retrysafe
     ├── ConfigurationError           bad settings, unknown store scheme, missing extra (start-up)
     ├── InvalidKeyError              the Idempotency-Key header (or a call's key) is malformed
+    ├── ArgumentError                a call's argument cannot be fingerprinted (also a TypeError)
     ├── KeyReusedError               a call's key was used with different arguments
     ├── InProgressError              the first call with the key still runs (``retry_after``)
     ├── OutcomeUnknownError          the first call committed its effects, its result was lost
@@ -16,6 +17,7 @@ The tree::
 from __future__ import annotations
 
 __all__ = [
+    "ArgumentError",
     "CodecError",
     "ConfigurationError",
     "IdempotencyError",
@@ -56,6 +58,21 @@ class InvalidKeyError(IdempotencyError):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
+
+
+class ArgumentError(IdempotencyError, TypeError):
+    """An argument of one call cannot be fingerprinted (JSON cannot hold it): raised at call
+    time, before anything runs. A ``TypeError``, as Python's own for a bad argument; settings
+    problems, found at decoration, are :class:`ConfigurationError`.
+
+    Args:
+        message: what is wrong and what to do (leave the argument out with ``fingerprint=``).
+        argument: the parameter's name.
+    """
+
+    def __init__(self, message: str, *, argument: str) -> None:
+        super().__init__(message)
+        self.argument = argument
 
 
 class _CallError(IdempotencyError):

@@ -15,6 +15,7 @@ awaits, and never leaks into another call or thread).
 from __future__ import annotations
 
 import contextvars
+import inspect
 from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
 
@@ -29,6 +30,8 @@ __all__ = [
     "context_transaction",
     "mark_committed",
     "outcome_known",
+    "sync_mark_committed",
+    "sync_transaction",
     "transaction",
 ]
 
@@ -175,6 +178,55 @@ async def mark_committed(request: Any = None) -> bool:
         return True
     ok: bool = await context.mark_committed()
     return ok
+
+
+def sync_transaction(environ: Mapping[str, Any] | None = None, *, optional: bool = False) -> Any:
+    """The synchronous twin of :func:`transaction`: the database connection of the current
+    idempotent transaction, for a ``def`` idempotent function (nothing to pass) or a WSGI request
+    (its environ).
+
+    Args:
+        environ: the request's WSGI environ; inside an idempotent ``def`` function, nothing.
+        optional: return ``None`` instead of raising when there is no transaction.
+
+    Returns:
+        The driver connection (``sqlite3.Connection``, ``psycopg.Connection``, Django's
+        connection) in an open transaction: the writes on it commit together with the stored
+        outcome.
+
+    Raises:
+        ConfigurationError: not in transactional mode (no key, a replay, ``transactional=True``
+            not set), or inside an ``async def`` (use ``await retrysafe.transaction()``).
+    """
+    tx = context_transaction(environ, optional=optional)
+    if tx is None:
+        return None
+    if inspect.iscoroutinefunction(tx.connection):
+        raise ConfigurationError("inside an async def function use: await retrysafe.transaction()")
+    return tx.connection()
+
+
+def sync_mark_committed(environ: Mapping[str, Any] | None = None) -> bool:
+    """The synchronous twin of :func:`mark_committed`, for a ``def`` idempotent function (nothing
+    to pass) or a WSGI request (its environ): from now on the key never runs again; if the
+    process dies before the outcome is stored, duplicates get "outcome unknown".
+
+    Returns:
+        ``True`` when recorded (or outside an idempotent call or keyed request: nothing to
+        protect); ``False`` when the store could not be reached or the lease was lost.
+
+    Raises:
+        ConfigurationError: called inside an ``async def`` (use
+            ``await retrysafe.mark_committed()``).
+    """
+    context = current_context(environ)
+    if context is None:
+        return True
+    if inspect.iscoroutinefunction(context.mark_committed):
+        raise ConfigurationError(
+            "inside an async def function use: await retrysafe.mark_committed()"
+        )
+    return bool(context.mark_committed())
 
 
 def outcome_known(request: Any) -> None:

@@ -41,13 +41,20 @@ and a log line.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterable, Sequence
-from typing import Any, ParamSpec, TypeVar, overload
+from collections.abc import Callable
+from typing import Any, ParamSpec, TypeVar, Unpack, overload
 
-from .._core.call import ResultCodec
-from .._core.config import IdempotencyConfig
+from ..calls import (
+    KEY_HEADER,
+    FunctionOptions,
+    IdempotentFunction,
+    Redelivery,
+    message_key,
+    redelivery_warnings,
+    task_function,
+    warn_once,
+)
 from ..stores import Store
-from ._tasks import KEY_HEADER, Redelivery, TaskFunction, redelivery_warnings, warn_once
 
 try:
     from celery import Celery, signals
@@ -75,39 +82,24 @@ def idempotency_key(key: str | int) -> dict[str, Any]:
 
     Args:
         key: the business key (1-255 characters): every message with it has one effect.
+
+    Raises:
+        InvalidKeyError: the key is empty, longer than 255 characters, or not a ``str`` or
+            ``int``: the send fails, rather than the task in the worker (where ``acks_late``
+            would acknowledge the failed message and it would never run).
     """
-    return {"headers": {KEY_HEADER: str(key)}}
+    return {"headers": {KEY_HEADER: message_key(key)}}
 
 
 @overload
 def idempotent_task(
-    function: Callable[P, R],
-    /,
-    *,
-    store: str | Store,
-    key: Callable[..., Any] | str | Sequence[str] | None = None,
-    name: str | None = None,
-    fingerprint: Sequence[str] | None = None,
-    codec: str | ResultCodec = "json",
-    final: Iterable[type[BaseException]] = (),
-    config: IdempotencyConfig | None = None,
-    **options: Any,
+    function: Callable[P, R], /, *, store: str | Store, **options: Unpack[FunctionOptions]
 ) -> Callable[P, R]: ...
 
 
 @overload
 def idempotent_task(
-    function: None = None,
-    /,
-    *,
-    store: str | Store,
-    key: Callable[..., Any] | str | Sequence[str] | None = None,
-    name: str | None = None,
-    fingerprint: Sequence[str] | None = None,
-    codec: str | ResultCodec = "json",
-    final: Iterable[type[BaseException]] = (),
-    config: IdempotencyConfig | None = None,
-    **options: Any,
+    function: None = None, /, *, store: str | Store, **options: Unpack[FunctionOptions]
 ) -> Callable[[Callable[P, R]], Callable[P, R]]: ...
 
 
@@ -116,13 +108,7 @@ def idempotent_task(
     /,
     *,
     store: str | Store,
-    key: Callable[..., Any] | str | Sequence[str] | None = None,
-    name: str | None = None,
-    fingerprint: Sequence[str] | None = None,
-    codec: str | ResultCodec = "json",
-    final: Iterable[type[BaseException]] = (),
-    config: IdempotencyConfig | None = None,
-    **options: Any,
+    **options: Unpack[FunctionOptions],
 ) -> Callable[P, R] | Callable[[Callable[P, R]], Callable[P, R]]:
     """Make a Celery task's function run once per key; put it under ``@app.task`` or
     ``@shared_task`` (with ``bind=True`` too: ``self`` is left out of the fingerprint).
@@ -131,17 +117,15 @@ def idempotent_task(
         function: the task's function (when used without options).
         store: a store URL (``"postgresql://..."``, ``"redis://..."``, ``"sqlite:///..."``,
             ``"django"``) or a synchronous store: every worker must share it.
-        key: the key from the arguments: a parameter name, several, or a callable over the
-            arguments. A key in the message's headers or an ``idempotency_key=`` argument
-            wins; without any, the task's id is the key.
-        name: what the keys are scoped by (default: the function's module and qualified name).
-        fingerprint: the parameter names that identify the task (default: all): a key sent
-            again with other values fails with :class:`~retrysafe.KeyReusedError`.
-        codec: how results are stored (``"json"``, ``"pickle"`` or a codec).
-        final: exception types that are outcomes: stored, raised again for every copy.
-        config: an :class:`~retrysafe.IdempotencyConfig`, or its call options as keywords.
-        **options: ``ttl`` (how long a key is remembered: longer than any redelivery),
-            ``lease``, ``on_store_error``, ``transactional``, ``on_event``.
+        **options: :class:`~retrysafe.calls.FunctionOptions`, as
+            :func:`~retrysafe.idempotent_function` takes them: ``key`` (a parameter name,
+            several, or a callable over the arguments; a key in the message's headers or an
+            ``idempotency_key=`` argument wins; without any, the task's id is the key),
+            ``name`` (default: the function's module and qualified name), ``fingerprint`` (a
+            key sent again with other values fails with :class:`~retrysafe.KeyReusedError`),
+            ``codec``, ``final``, ``config`` or the call options (``ttl``: how long a key is
+            remembered, longer than any redelivery; ``lease``, ``on_store_error``,
+            ``transactional``, ``on_event``).
 
     Returns:
         The function to register as the task (or, without ``function``, the decorator).
@@ -150,24 +134,20 @@ def idempotent_task(
         ConfigurationError: a bad option, named (at import, in producers and workers alike).
     """
 
-    spec: dict[str, Any] = {"store": store, "key": key, "name": name, "fingerprint": fingerprint}
-    spec |= {"codec": codec, "final": final, "config": config}
-
     def decorate(target: Callable[P, R]) -> Callable[P, R]:
-        keyed = TaskFunction(
-            target,
-            where=f"idempotent_task({getattr(target, '__qualname__', target)})",
-            **{**spec, **options},
-        )
+        where = f"idempotent_task({getattr(target, '__qualname__', target)})"
+        keyed = task_function(target, store, options, where=where)
 
         @functools.wraps(target)
         def run(*args: P.args, **kwargs: P.kwargs) -> R:
             task = get_current_task()
             request = None if task is None else task.request
             if request is None or request.called_directly:
-                return keyed.function(*args, **kwargs)  # type: ignore[no-any-return]
+                return keyed(*args, **kwargs)  # type: ignore[no-any-return]
             header = _header_key(request)
-            delivery = keyed.run(args, kwargs, key=header, fallback=request.id)
+            delivery = keyed.deliver(args, kwargs, key=header, fallback=request.id, queue=True)
+            if delivery.dead_letter and delivery.error is not None:
+                raise delivery.error  # the task fails, for a person to look at
             if not delivery.retry:
                 return delivery.result  # type: ignore[no-any-return]
             _retry_later(task, request, delivery.retry_after or 1, header)
@@ -240,7 +220,7 @@ def check_worker(app: Celery) -> list[str]:
     out: list[str] = []
     for task in list(app.tasks.values()):
         keyed = getattr(getattr(task, "run", None), "retrysafe", None)
-        if not isinstance(keyed, TaskFunction):
+        if not isinstance(keyed, IdempotentFunction):
             continue
         acks_late = bool(getattr(task, "acks_late", conf.task_acks_late))
         reject = getattr(task, "reject_on_worker_lost", None)

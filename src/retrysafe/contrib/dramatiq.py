@@ -34,12 +34,21 @@ from __future__ import annotations
 
 import functools
 import threading
-from typing import Any
+from typing import Any, Unpack
 
 from .._core.config import IdempotencyConfig
 from .._core.errors import ConfigurationError
+from ..calls import (
+    KEY_HEADER,
+    CallOptions,
+    IdempotentFunction,
+    Redelivery,
+    message_key,
+    redelivery_warnings,
+    task_function,
+    warn_once,
+)
 from ..stores import Store
-from ._tasks import KEY_HEADER, Redelivery, TaskFunction, redelivery_warnings, warn_once
 
 try:
     from dramatiq.errors import Retry
@@ -50,9 +59,6 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     ) from exc
 
 __all__ = ["ActorConfigurationError", "Idempotency", "idempotency_key"]
-
-#: What ``idempotent=`` may hold besides the call options.
-_SPEC_OPTIONS = ("store", "key", "name", "fingerprint", "codec", "final", "config")
 
 
 class ActorConfigurationError(ConfigurationError, MiddlewareError):
@@ -66,8 +72,12 @@ def idempotency_key(key: str | int) -> dict[str, Any]:
     ``actor.send_with_options(args=..., **idempotency_key("order-1"))``; ``send`` takes no
     options: pass ``idempotency_key=...`` as a keyword argument instead (taken off before the
     actor's function is called).
+
+    Raises:
+        InvalidKeyError: the key is empty, longer than 255 characters, or not a ``str`` or
+            ``int``: the send fails, rather than the message in the worker.
     """
-    return {KEY_HEADER: str(key)}
+    return {KEY_HEADER: message_key(key)}
 
 
 class Idempotency(Middleware):
@@ -89,13 +99,13 @@ class Idempotency(Middleware):
         store: str | Store | None = None,
         *,
         config: IdempotencyConfig | None = None,
-        **options: Any,
+        **options: Unpack[CallOptions],
     ) -> None:
         self.store = store
         self.config = config
         self.options = options
         self._local = threading.local()
-        self._keyed: dict[str, TaskFunction] = {}
+        self._keyed: dict[str, IdempotentFunction[..., Any]] = {}
 
     @property
     def actor_options(self) -> set[str]:
@@ -125,37 +135,39 @@ class Idempotency(Middleware):
                 f"actor {actor.actor_name}: idempotent= takes True or a dict of options, "
                 f"got {spec!r}"
             )
-        own = {k: spec[k] for k in _SPEC_OPTIONS if k in spec}
-        options = {k: v for k, v in spec.items() if k not in _SPEC_OPTIONS}
-        own.setdefault("store", self.store)
-        if own["store"] is None:
+        options = dict(spec)
+        store = options.pop("store", self.store)
+        if store is None:
             raise ConfigurationError(
                 f"actor {actor.actor_name}: no store (Idempotency(store=...) or "
                 "idempotent={'store': ...})"
             )
-        own.setdefault("config", self.config)
-        if own["config"] is None:
+        if options.get("config", self.config) is not None:
+            options.setdefault("config", self.config)
+        else:
             options = {**self.options, **options}
         if not any(isinstance(m, Retries) for m in broker.middleware):
             raise ConfigurationError(
                 f"actor {actor.actor_name}: the broker has no Retries middleware, which sends a "
                 "copy that met a running one again later (Dramatiq's default middleware has it)"
             )
-        own.setdefault("name", actor.actor_name)
-        keyed = TaskFunction(actor.fn, where=f"actor {actor.actor_name}", **own, **options)
+        options.setdefault("name", actor.actor_name)
+        keyed = task_function(actor.fn, store, options, where=f"actor {actor.actor_name}")  # type: ignore[arg-type]
         self._keyed[actor.actor_name] = keyed
         actor.fn = self._wrap(broker, actor.actor_name, actor.fn, keyed)
 
-    def _wrap(self, broker: Any, name: str, fn: Any, keyed: TaskFunction) -> Any:
+    def _wrap(self, broker: Any, name: str, fn: Any, keyed: IdempotentFunction[..., Any]) -> Any:
         local = self._local
 
         @functools.wraps(fn)
         def run(*args: Any, **kwargs: Any) -> Any:
             message = getattr(local, "message", None)
             if message is None or message.actor_name != name:
-                return keyed.function(*args, **kwargs)  # called directly, not from a worker
+                return keyed(*args, **kwargs)  # called directly, not from a worker
             key = message.options.get(KEY_HEADER)
-            delivery = keyed.run(args, kwargs, key=key, fallback=message.message_id)
+            delivery = keyed.deliver(args, kwargs, key=key, fallback=message.message_id, queue=True)
+            if delivery.dead_letter and delivery.error is not None:
+                raise delivery.error  # the message fails, for a person to look at
             if not delivery.retry:
                 return delivery.result
             # A live worker runs the first copy, or the store failed: this one comes back later

@@ -447,17 +447,21 @@ def _disable() -> None:
 
 
 def _disable_functions() -> None:
-    from .._core.call import KEY_ARGUMENT
-    from ..functions import IdempotentFunction
+    from ..calls import Delivery, IdempotentFunction
 
     def call_passthrough(self: Any, *args: Any, **kwargs: Any) -> Any:
-        # The function as written: an ``idempotency_key=`` meant for the wrapper is dropped,
-        # unless the function takes a parameter of that name itself.
-        if not self._spec.takes_key:
-            kwargs.pop(KEY_ARGUMENT, None)
-        return self._function(*args, **kwargs)
+        return self.passthrough(args, kwargs)
+
+    # Every message front (the consumer, Celery, Dramatiq...) runs a delivery through these.
+    def deliver_passthrough(self: Any, args: Any, kwargs: Any, **_: Any) -> Delivery:
+        return Delivery("executed", self.passthrough(args, kwargs))
+
+    async def adeliver_passthrough(self: Any, args: Any, kwargs: Any, **_: Any) -> Delivery:
+        return Delivery("executed", await self.passthrough(args, kwargs))
 
     _patch(IdempotentFunction, "__call__", call_passthrough)
+    _patch(IdempotentFunction, "deliver", deliver_passthrough)
+    _patch(IdempotentFunction, "adeliver", adeliver_passthrough)
 
 
 def _disable_django() -> None:
@@ -487,8 +491,10 @@ def idempotency_disabled() -> Iterator[None]:
     """Turn idempotency handling off inside the block, on every front.
 
     Every request reaches its handler, and every call of an :func:`~retrysafe.idempotent_function`
-    (and the task queues' keyed tasks built on it) its function, as if retrysafe were not
-    installed: no key is checked, nothing is reserved, stored or replayed. Middleware built
+    its function, as does every delivery of a :class:`~retrysafe.consumer.MessageHandler`, a
+    Celery ``@idempotent_task`` (called, ``.delay()``/``.apply()`` in eager mode, or in a worker)
+    and a Dramatiq ``idempotent=`` actor, as if retrysafe were not installed: no key is checked,
+    nothing is reserved, stored or replayed. Middleware built
     before the block is covered too, except Django's, which Django builds when its handler loads
     (a test client's first request): enter the block before that. :func:`retrysafe.transaction`
     has no transaction to give then (pass ``optional=True`` in handlers that must run either

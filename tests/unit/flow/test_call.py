@@ -28,7 +28,6 @@ from retrysafe._core.call import (
     REPLAYED,
     Call,
     CallSpec,
-    call_config,
     call_fingerprint,
     from_json,
     to_json,
@@ -51,6 +50,7 @@ from retrysafe._core.operation import (
     TX_ROLLBACK,
     TX_STATE,
 )
+from retrysafe.calls import call_config
 from retrysafe.stores import Record, Reservation
 
 from .script import ANY, Events, run, won
@@ -213,14 +213,22 @@ def test_a_fenced_out_completion_reports_the_lost_lease() -> None:
 
 
 @pytest.mark.parametrize("committed", [False, True], ids=["plain", "committed"])
-def test_a_result_the_codec_cannot_encode_frees_the_key_unless_committed(committed: bool) -> None:
+def test_a_result_the_codec_cannot_encode_is_outcome_unknown_never_a_rerun(committed: bool) -> None:
+    """The function returned: its effect happened, so the key is never freed."""
     call = claimed()
     call.committed = committed
-    script: list[tuple[object, ...]] = (
-        [(EMIT, "outcome_unknown"), (MARK_COMMITTED, 0.0)] if committed else [(RELEASE, None)]
-    )
     with pytest.raises(CodecError, match="codec='pickle'"):
-        run(call.settle(object()), script)
+        run(call.settle(object()), [(EMIT, "outcome_unknown"), (MARK_COMMITTED, 0.0)])
+
+
+def test_a_result_the_codec_cannot_encode_in_a_transaction_rolls_back_and_frees_the_key() -> None:
+    """In transactional mode the run's writes roll back with the record: nothing remains."""
+    call = claimed(transactional=True)
+    with pytest.raises(CodecError):
+        run(
+            call.settle(object()),
+            [(FINALIZE, False), (TX_ROLLBACK, None), (TX_CLOSE, None), (RELEASE, None)],
+        )
 
 
 def test_a_plain_exception_frees_the_key() -> None:

@@ -129,6 +129,9 @@ class DjangoStore:
         clock: returns the current time in seconds (injectable for tests).
     """
 
+    #: The label of each record (its admin shows it), set by the front around a reservation.
+    record_label = current_route
+
     kind = "django"
 
     def __init__(self, alias: str = DEFAULT_DB_ALIAS, *, clock: Callable[[], float] = time.time):
@@ -430,6 +433,9 @@ class AsyncDjangoStore:
     Args:
         store: the synchronous store.
     """
+
+    #: The label of each record (its admin shows it), set by the front around a reservation.
+    record_label = current_route
 
     kind = "django"
 

@@ -1,0 +1,237 @@
+"""The call fronts the contract suite (``test_contract.py``) runs over, one class each.
+
+Adding a front (a queue, a consumer) to the suite is one class here and one ``pytest.param`` in
+:data:`FRONTS`; the class answers the :class:`CallFront` protocol:
+
+- ``define(body, store=..., **options)``: make ``body`` (a ``def`` function) idempotent on this
+  front, the way its users write it (a decorator, a task, an actor option, a handler), with the
+  options every call front takes (:class:`retrysafe.calls.FunctionOptions`); return a handle.
+- ``send(handle, key, *args)``: one delivery of a message (or one call) carrying ``key`` and
+  ``args``, through the front's own machinery (the task queue's executor, worker and
+  middleware); return a :class:`Sent`: the value the caller gets, or the error the delivery ended
+  in (a consumer's dead letter is its ``Delivery.error``).
+- ``returns_results``: whether a caller gets the stored result of a duplicate (``False`` for a
+  queue without a result backend: the suite then checks effects only).
+- ``close()``: close stores, workers and loops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import itertools
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import pytest
+
+import retrysafe
+from retrysafe.consumer import MessageHandler
+
+
+@dataclass
+class Sent:
+    """What one delivery came to: ``value`` for the caller, or ``error``."""
+
+    value: Any = None
+    error: BaseException | None = None
+
+
+class CallFront(Protocol):
+    id: str
+    returns_results: bool
+
+    def define(self, body: Callable[..., Any], *, store: str, **options: Any) -> Any: ...
+
+    def send(self, handle: Any, key: str, *args: Any) -> Sent: ...
+
+    def close(self) -> None: ...
+
+
+def _sent(run: Callable[[], Any]) -> Sent:
+    try:
+        return Sent(run())
+    except Exception as error:
+        return Sent(error=error)
+
+
+class DefFront:
+    """``@idempotent_function`` over a ``def``; the key as ``idempotency_key=``."""
+
+    id = "def"
+    returns_results = True
+
+    def __init__(self) -> None:
+        self.handles: list[Any] = []
+
+    def define(self, body: Callable[..., Any], *, store: str, **options: Any) -> Any:
+        handle = retrysafe.idempotent_function(body, store=store, **options)
+        self.handles.append(handle)
+        return handle
+
+    def send(self, handle: Any, key: str, *args: Any) -> Sent:
+        return _sent(lambda: handle(*args, idempotency_key=key))
+
+    def close(self) -> None:
+        for handle in self.handles:
+            handle.close()
+
+
+class AsyncDefFront:
+    """``@idempotent_function`` over an ``async def`` with ``body``'s signature, awaited on one
+    event loop."""
+
+    id = "async-def"
+    returns_results = True
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.handles: list[Any] = []
+
+    def define(self, body: Callable[..., Any], *, store: str, **options: Any) -> Any:
+        @functools.wraps(body)
+        async def target(*args: Any, **kwargs: Any) -> Any:
+            return body(*args, **kwargs)
+
+        handle = retrysafe.idempotent_function(target, store=store, **options)
+        self.handles.append(handle)
+        return handle
+
+    def send(self, handle: Any, key: str, *args: Any) -> Sent:
+        return _sent(lambda: self.loop.run_until_complete(handle(*args, idempotency_key=key)))
+
+    def close(self) -> None:
+        for handle in self.handles:
+            self.loop.run_until_complete(handle.aclose())
+        self.loop.close()
+
+
+class ConsumerFront:
+    """``MessageHandler(body).process(key, *args)``; a dead letter is its delivery's error."""
+
+    id = "consumer"
+    returns_results = True
+
+    def __init__(self) -> None:
+        self.handles: list[MessageHandler] = []
+
+    def define(self, body: Callable[..., Any], *, store: str, **options: Any) -> Any:
+        options.pop("key", None)  # a message's key comes with the message
+        handle = MessageHandler(body, store=store, **options)
+        self.handles.append(handle)
+        return handle
+
+    def send(self, handle: Any, key: str, *args: Any) -> Sent:
+        def run() -> Any:
+            delivery = handle.process(key, *args)
+            if delivery.dead_letter or delivery.retry:
+                assert delivery.error is not None
+                raise delivery.error
+            return delivery.result
+
+        return _sent(run)
+
+    def close(self) -> None:
+        for handle in self.handles:
+            handle.close()
+
+
+class CeleryFront:
+    """``@app.task`` over ``@idempotent_task``, run by Celery's own executor (``apply``: a
+    request with an id, as a worker runs it); the key in the message's headers."""
+
+    id = "celery"
+    returns_results = True
+
+    def __init__(self) -> None:
+        self.celery = pytest.importorskip("retrysafe.contrib.celery")
+        from celery import Celery
+
+        self.app = Celery(f"contract-{uuid.uuid4().hex[:8]}", broker="memory://")
+        self.stores: list[Any] = []
+        self.names = itertools.count()
+
+    def define(self, body: Callable[..., Any], *, store: str, **options: Any) -> Any:
+        keyed = self.celery.idempotent_task(body, store=store, **options)
+        self.stores.append(keyed.retrysafe.store)
+        return self.app.task(name=f"contract.{next(self.names)}")(keyed)
+
+    def send(self, handle: Any, key: str, *args: Any) -> Sent:
+        result = handle.apply(args, **self.celery.idempotency_key(key))
+        if result.failed():
+            return Sent(error=result.result)
+        return Sent(result.result)
+
+    def close(self) -> None:
+        for store in self.stores:
+            store.close()
+
+
+class DramatiqFront:
+    """``@dramatiq.actor(idempotent={...})`` on a broker with the ``Idempotency`` middleware,
+    processed by a Dramatiq worker; the key in the message's options. A caller sees no value
+    (Dramatiq's results backend carries JSON only, not the typed result the suite returns): the
+    suite checks effects, and errors as a middleware sees them."""
+
+    id = "dramatiq"
+    returns_results = False
+
+    def __init__(self) -> None:
+        dramatiq = pytest.importorskip("dramatiq")
+        self.contrib = pytest.importorskip("retrysafe.contrib.dramatiq")
+        from dramatiq.brokers.stub import StubBroker
+        from dramatiq.middleware import Middleware
+
+        seen: dict[str, BaseException | None] = {}
+
+        class Outcomes(Middleware):  # type: ignore[misc]
+            def after_process_message(
+                self, broker: Any, message: Any, *, result: Any = None, exception: Any = None
+            ) -> None:
+                seen[message.message_id] = exception
+
+        self.dramatiq = dramatiq
+        self.seen = seen
+        self.broker = StubBroker()
+        self.broker.add_middleware(Outcomes())
+        self.broker.add_middleware(self.contrib.Idempotency())
+        self.worker = dramatiq.Worker(self.broker, worker_threads=1, worker_timeout=50)
+        self.worker.start()
+        self.names = itertools.count()
+        self.stores: list[Any] = []
+
+    def define(self, body: Callable[..., Any], *, store: str, **options: Any) -> Any:
+        actor = self.dramatiq.actor(
+            body,
+            broker=self.broker,
+            actor_name=f"contract_{next(self.names)}",
+            max_retries=0,
+            idempotent={"store": store, **options},
+        )
+        self.stores.append(actor.fn.retrysafe.store)
+        return actor
+
+    def send(self, handle: Any, key: str, *args: Any) -> Sent:
+        message = handle.send_with_options(args=args, **self.contrib.idempotency_key(key))
+        self.broker.join(handle.queue_name, fail_fast=False)
+        self.worker.join()
+        return Sent(error=self.seen[message.message_id])
+
+    def close(self) -> None:
+        self.worker.stop()
+        self.broker.close()
+        for store in self.stores:
+            store.close()
+
+
+FRONTS = [
+    pytest.param(DefFront, id="def"),
+    pytest.param(AsyncDefFront, id="async-def"),
+    pytest.param(ConsumerFront, id="consumer"),
+    pytest.param(CeleryFront, id="celery"),
+    pytest.param(DramatiqFront, id="dramatiq"),
+]
+
+__all__ = ["FRONTS", "CallFront", "Sent"]
