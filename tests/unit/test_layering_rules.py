@@ -10,8 +10,6 @@ import as ``file:line -> module (names)``. The core's own rule (it imports nothi
 
 from __future__ import annotations
 
-import pytest
-
 from .imports import MODULES, PACKAGE, Import, closure, every_import, folder, imports_of, source
 
 #: Each folder's layer, lowest first: an import may go to its own layer or a lower one, never
@@ -59,15 +57,9 @@ OBSERVERS = {"prometheus_client", "opentelemetry"}
 FRAMEWORKS = frozenset(WEB | SERVERS | QUEUES | OBSERVERS)
 CLI = f"{PACKAGE}.cli"
 
+
 #: Known breaks, each in a file another change is reshaping; the test names them so they are
 #: not forgotten, and fails once they are gone so this list shrinks with them.
-KNOWN_UPWARD = {
-    # src/retrysafe/functions.py (the calls wing's): names the Django ORM store to hand out its
-    # connection; the store registry is to resolve "django" like any scheme instead.
-    ("retrysafe.functions", "retrysafe.contrib.django.store"),
-}
-
-
 def _in(module: str, folders: tuple[str, ...]) -> bool:
     return folder(module) in folders
 
@@ -217,8 +209,6 @@ def test_the_modules_imported_at_import_time_form_no_circle() -> None:
 
 
 def _upward(i: Import) -> bool:
-    if (i.source, i.target) in KNOWN_UPWARD:
-        return False
     # Re-exports: a package's __init__ gathers names from below it; the package itself
     # (``from retrysafe import IdempotencyConfig``) is the public API, imported from anywhere.
     path = source(i.source)
@@ -238,7 +228,7 @@ def test_the_folders_form_no_circle() -> None:
     # Lazy imports count: a circle of folders is a circle of the design, however it is loaded.
     graph: dict[str, set[str]] = {}
     for i in _internal():
-        if (i.source, i.target) in KNOWN_UPWARD or i.target == PACKAGE:
+        if i.target == PACKAGE:
             continue
         if folder(i.source) not in ("", folder(i.target)):
             graph.setdefault(folder(i.source), set()).add(folder(i.target))
@@ -250,13 +240,5 @@ def test_the_folders_form_no_circle() -> None:
         if folder(i.source) in cycle
         and folder(i.target) in cycle
         and folder(i.source) != folder(i.target)
-        and (i.source, i.target) not in KNOWN_UPWARD
     ]
     assert cycles == [], _report(edges)
-
-
-@pytest.mark.parametrize("pair", sorted(KNOWN_UPWARD))
-def test_a_known_break_is_still_there(pair: tuple[str, str]) -> None:
-    # Once the change reshaping its file removes it, remove it from KNOWN_UPWARD.
-    source_module, target = pair
-    assert any(i.target == target for i in imports_of(source_module))
