@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -12,11 +13,18 @@ from retrysafe.cli import main
 from retrysafe.stores import SQLiteStore
 
 
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[SQLiteStore]:
+    """The store the commands are pointed at, opened by the test too (and closed after it)."""
+    opened = SQLiteStore(tmp_path / "s.db")
+    yield opened
+    opened.close()
+
+
 def test_inspect_and_resolve_an_outcome_unknown_key(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, store: SQLiteStore, capsys: pytest.CaptureFixture[str]
 ) -> None:
     url = f"sqlite:///{tmp_path}/s.db"
-    store = SQLiteStore(tmp_path / "s.db")
     rid = record_id(authorization_scope("Bearer alice"), "POST", "/pay", "k1")
     won = store.reserve(rid, "fp", lease=30.0, ttl=60.0)
     assert won.token and store.mark_committed(rid, won.token, lease=30.0)
@@ -33,9 +41,8 @@ def test_inspect_and_resolve_an_outcome_unknown_key(
     assert main(["inspect", "--store", url, "--path", "/pay", "--key", "k1"]) == 1
 
 
-def test_resolve_keeps_a_completed_record_unless_forced(tmp_path: Path) -> None:
+def test_resolve_keeps_a_completed_record_unless_forced(tmp_path: Path, store: SQLiteStore) -> None:
     url = f"sqlite:///{tmp_path}/s.db"
-    store = SQLiteStore(tmp_path / "s.db")
     rid = record_id("", "POST", "/orders", "done")
     won = store.reserve(rid, "fp", lease=30.0, ttl=60.0)
     assert won.token and store.complete(rid, won.token, b"r", ttl=60.0)
