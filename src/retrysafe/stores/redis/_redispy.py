@@ -8,6 +8,7 @@ import contextlib
 import functools
 import inspect
 import threading
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -93,28 +94,80 @@ async def pipeline_async(client: Any, key: Any, commands: list[tuple[Any, ...]])
         return list(await pipe.execute(raise_on_error=False))
     from redis.asyncio.cluster import PipelineCommand
 
+    rereads = _rereads(client)
     for _ in range(_ROUTE_ATTEMPTS):
         await client.initialize()  # the first use reads the slot map; later, nothing
         node = client.get_node_from_key(key)
         queued = [PipelineCommand(i, *command) for i, command in enumerate(commands)]
+        since = rereads.done
         try:
             await node.execute_pipeline(queued)
         except (RedisConnectionError, RedisTimeoutError, OSError):
-            await _refresh_async(client)
+            await rereads.reread(client, since)
             raise
+        finally:
+            if client.nodes_manager.nodes_cache.get(node.name) is not node:
+                await _disconnect([node])  # dropped from the slot map while we used it
         replies = [command.result for command in queued]
         if isinstance(replies[0], _REDIRECTED):
-            await _refresh_async(client)
+            await rereads.reread(client, since)
             continue
         if isinstance(replies[0], RedisConnectionError | RedisTimeoutError):
-            await _refresh_async(client)
+            await rereads.reread(client, since)
         return replies
     raise RedisClusterException(f"the slot of {key!r} kept moving")
 
 
-async def _refresh_async(client: Any) -> None:
-    with contextlib.suppress(*CLIENT_ERRORS):
-        await client.nodes_manager.initialize()
+class _Rereads:
+    """The slot map re-reads of one async cluster client in one loop: one at a time, none
+    for a failure when one ended since the failed call took its node (in redis-py 5 a re-read
+    builds new node objects and closes the old ones, cutting the calls in flight on them:
+    each of those re-reading again would cut the next ones, and so on)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.lock = asyncio.Lock()
+        self.done = 0  # re-reads ended
+
+    async def reread(self, client: Any, since: int) -> None:
+        """Read the slot map again unless one ended since ``done`` was ``since`` (one under
+        way is waited for), and close every node object the new map dropped: redis-py 5 only
+        schedules their closing, and a node still in use then (a re-read's own
+        ``CLUSTER SLOTS`` on a seed another re-read had dropped) was left connected for good."""
+        async with self.lock:
+            if self.done != since:
+                return
+            manager = client.nodes_manager
+            before = _nodes(manager)
+            try:
+                with contextlib.suppress(*CLIENT_ERRORS):
+                    await manager.initialize()
+            finally:
+                self.done += 1
+            kept = {id(node) for node in _nodes(manager)}
+            await _disconnect([node for node in before if id(node) not in kept])
+
+
+#: Per async cluster client (or the per-loop proxy standing in for one).
+_REREADS: weakref.WeakKeyDictionary[Any, _Rereads] = weakref.WeakKeyDictionary()
+
+
+def _rereads(client: Any) -> _Rereads:
+    loop = asyncio.get_running_loop()
+    rereads = _REREADS.get(client)
+    if rereads is None or rereads.loop is not loop:
+        rereads = _REREADS[client] = _Rereads(loop)
+    return rereads
+
+
+def _nodes(manager: Any) -> list[Any]:
+    return [*manager.nodes_cache.values(), *manager.startup_nodes.values()]
+
+
+async def _disconnect(nodes: list[Any]) -> None:
+    """Close every connection of ``nodes`` (which the slot map no longer holds)."""
+    unique = list({id(node): node for node in nodes}.values())
+    await asyncio.gather(*(node.disconnect() for node in unique), return_exceptions=True)
 
 
 def pipeline_sync(client: Any, key: Any, commands: list[tuple[Any, ...]]) -> list[Any]:
