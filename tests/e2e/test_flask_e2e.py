@@ -320,7 +320,7 @@ def test_the_page_and_the_knobs_work(hub: DemoServer) -> None:
 
 
 def test_a_bad_store_url_fails_at_start_with_one_message(tmp_path: Path) -> None:
-    server = _start("mysql://nowhere", tmp_path)
+    server = _start("cassandra://nowhere", tmp_path)
     with pytest.raises(RuntimeError, match="unknown store URL scheme"):
         server.start()
 

@@ -509,7 +509,7 @@ def test_one_extension_sets_up_several_apps_with_their_own_settings(tmp_path: Pa
     [
         pytest.param({"RETRYSAFE_STORE_URL": None}, {}, "RETRYSAFE_STORE_URL", id="no-store"),
         pytest.param({"RETRYSAFE_STORE_URL": ""}, {}, "is empty", id="empty-store-url"),
-        pytest.param({"RETRYSAFE_STORE_URL": "mysql://x"}, {}, "unknown store URL", id="scheme"),
+        pytest.param({"RETRYSAFE_STORE_URL": "cassandra://x"}, {}, "unknown store URL", id="scheme"),
         pytest.param(
             {"RETRYSAFE_TTL": "abc"}, {}, "RETRYSAFE_TTL in app.config: must be seconds", id="type"
         ),
@@ -629,7 +629,7 @@ def test_the_cli_fails_with_one_clear_line(tmp_path: Path) -> None:
     no_url = runner.invoke(args=["retrysafe", "purge"])
     assert no_url.exit_code == 2
     assert "pass --store URL" in no_url.output
-    bad = runner.invoke(args=["retrysafe", "check", "--store", "mysql://x"])
+    bad = runner.invoke(args=["retrysafe", "check", "--store", "cassandra://x"])
     assert bad.exit_code == 2
     assert bad.output.strip().splitlines() == [
         line for line in bad.output.strip().splitlines() if line.startswith("retrysafe:")
@@ -654,7 +654,7 @@ class _Database:
         self.kind = kind
         self.store_url = store_url
         self.table = table
-        self.mark = "?" if kind == "sqlite" else "$1"
+        self.mark = "?" if kind == "sqlite" else "%s"  # sqlite3, psycopg
         if kind == "sqlite":
             with sqlite3.connect(store_url.removeprefix("sqlite:///")) as conn:
                 conn.execute(f"CREATE TABLE {table} (id INTEGER PRIMARY KEY, item TEXT)")

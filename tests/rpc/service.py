@@ -116,7 +116,7 @@ def _create_sync(effects: Effects) -> Any:
             raise RuntimeError("the handler failed")
         if request.get("tx"):
             conn = transaction()
-            mark = "$1" if type(conn).__module__.startswith("psycopg") else "?"  # RawCursor
+            mark = "%s" if type(conn).__module__.startswith("psycopg") else "?"
             conn.execute(f"INSERT INTO {request['tx']} (item) VALUES ({mark})", (request["item"],))
             if request.get("fail_after_write"):
                 raise RuntimeError("failed after writing")
