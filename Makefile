@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit package matrix chaos chaos-tasks bench clean services unasync docs compat
+.PHONY: demo test lint typecheck unit package compiled test-compiled matrix chaos chaos-tasks bench clean services unasync docs compat
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -39,8 +39,8 @@ demo: $(DEMO_STAMP)
 	    $(if $(STORE),--store '$(STORE)') $(if $(BROKER),--broker '$(BROKER)')
 
 lint: $(STAMP)
-	$(BIN)/ruff format --check src tests bench scripts examples
-	$(BIN)/ruff check src tests bench scripts examples
+	$(BIN)/ruff format --check src tests bench scripts examples hatch_build.py
+	$(BIN)/ruff check src tests bench scripts examples hatch_build.py
 	$(BIN)/python scripts/unasync.py --check
 
 # Regenerate the sync runner (src/retrysafe/_sync/runner.py) from the async one.
@@ -76,6 +76,23 @@ package: $(STAMP)
 	$(BIN)/python -m build
 	$(BIN)/twine check --strict dist/*
 
+# The compiled build (opt-in; `make package` stays pure): the platform wheel, the hot path compiled
+# with mypyc from the same source (RETRYSAFE_COMPILE=1, hatch_build.py), in dist-compiled/.
+compiled: $(STAMP)
+	rm -rf dist-compiled
+	RETRYSAFE_COMPILE=1 $(BIN)/python -m build --wheel --outdir dist-compiled
+
+# The contract, calls and unit suites on the compiled build, installed from its wheel into a
+# virtualenv of its own (.venv-compiled; the tests import it, not src/).
+COMPILED_VENV ?= .venv-compiled
+test-compiled: compiled
+	test -x $(COMPILED_VENV)/bin/python || $(BIN)/uv venv --seed -q $(COMPILED_VENV)
+	$(BIN)/uv pip install -q -p $(COMPILED_VENV)/bin/python --reinstall-package retrysafe \
+	    "$$(ls dist-compiled/retrysafe-*.whl)[test]"
+	$(COMPILED_VENV)/bin/retrysafe --version | grep -q "compiled with mypyc"
+	$(COMPILED_VENV)/bin/pytest tests/unit tests/contract tests/calls -m "not chaos" \
+	    $(if $(filter-out 0,$(PYTEST_XDIST)),-n $(PYTEST_XDIST) --dist loadfile) $(PYTEST_ARGS)
+
 # The install matrix alone (part of `unit`): each extra in a fresh virtualenv from the wheel.
 matrix: $(STAMP)
 	$(BIN)/pytest tests/install $(PYTEST_ARGS)
@@ -108,4 +125,4 @@ chaos-tasks: $(STAMP)
 	$(BIN)/pytest -m chaos tests/tasks -s $(PYTEST_ARGS)
 
 clean:
-	rm -rf $(VENV) .venv-3.12 .venv-3.13 bench/.venv-bench-peers .pytest_cache .mypy_cache .ruff_cache test-artifacts dist site
+	rm -rf $(VENV) .venv-3.12 .venv-3.13 $(COMPILED_VENV) dist-compiled bench/.venv-bench-peers .pytest_cache .mypy_cache .ruff_cache test-artifacts dist site

@@ -115,10 +115,17 @@ class RouteTable:
     def config(self, scope: Mapping[str, Any], base: IdempotencyConfig) -> IdempotencyConfig | None:
         """The settings of this request's route (``base`` with the route's overrides), or
         ``None`` when the route opted out (``enabled=False``)."""
-        return route_config(self._configs, self.lookup(scope), base)
+        marked = self._marked(scope)
+        if not marked:  # no marked route (the common case): no call more
+            return base
+        return route_config(self._configs, find_route_options(marked, scope), base)
 
     def lookup(self, scope: Mapping[str, Any]) -> RouteOptions | None:
         """Return the options of the marked route this request goes to, if any."""
+        marked = self._marked(scope)
+        return find_route_options(marked, scope) if marked else None
+
+    def _marked(self, scope: Mapping[str, Any]) -> list[Marked] | None:
         app = self._owner if self._owner is not None else scope.get("app")
         routes = getattr(app, "routes", None)
         if routes is None:
@@ -127,7 +134,7 @@ class RouteTable:
         if cached is None or cached[0] != len(routes):
             cached = (len(routes), _marked_routes(routes))
             self._by_app[id(app)] = cached
-        return find_route_options(cached[1], scope) if cached[1] else None
+        return cached[1]
 
     def template(self, scope: Mapping[str, Any]) -> str | None:
         """:func:`route_template` over this table's app."""

@@ -349,6 +349,14 @@ def _stats_parser(sub: Any) -> None:
     )
 
 
+def loaded_build() -> str:
+    """Which build of the package is loaded: the pure-Python reference, or the one whose hot
+    path is compiled with mypyc (C extensions beside the ``.py`` files, imported first)."""
+    from ._core import http
+
+    return "pure Python" if (http.__file__ or "").endswith(".py") else "compiled with mypyc"
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Return the argument parser of the ``retrysafe`` command."""
     parser = argparse.ArgumentParser(
@@ -356,7 +364,9 @@ def build_parser() -> argparse.ArgumentParser:
         description=_DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--version", action="version", version=f"retrysafe {__version__}")
+    parser.add_argument(
+        "--version", action="version", version=f"retrysafe {__version__} ({loaded_build()})"
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     # The demo's defaults are filled in by _demo: building the parser imports no demo module.

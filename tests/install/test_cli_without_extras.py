@@ -71,7 +71,7 @@ def test_each_subcommand_help_needs_no_optional_library(command: str) -> None:
 def test_version_is_the_package_version() -> None:
     result = bare("--version")
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == f"retrysafe {__version__}"
+    assert result.stdout.strip() == f"retrysafe {__version__} (pure Python)"
 
 
 def test_a_store_command_on_the_core_store_needs_no_optional_library(tmp_path: object) -> None:

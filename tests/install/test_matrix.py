@@ -274,7 +274,10 @@ def check_installed(venv: Path, folder: Path) -> None:
     where = run(str(bin_dir / "python"), "-c", "import retrysafe; print(retrysafe.__file__)")
     assert Path(where.strip()).is_relative_to(venv), where  # the wheel, not the source tree
     assert "usage: retrysafe" in run(str(bin_dir / "retrysafe"), "--help")
-    assert run(str(bin_dir / "retrysafe"), "--version").strip() == f"retrysafe {__version__}"
+    assert (
+        run(str(bin_dir / "retrysafe"), "--version").strip()
+        == f"retrysafe {__version__} (pure Python)"
+    )
     project = folder / "project"
     project.mkdir()
     run_project(

@@ -509,7 +509,9 @@ def test_one_extension_sets_up_several_apps_with_their_own_settings(tmp_path: Pa
     [
         pytest.param({"RETRYSAFE_STORE_URL": None}, {}, "RETRYSAFE_STORE_URL", id="no-store"),
         pytest.param({"RETRYSAFE_STORE_URL": ""}, {}, "is empty", id="empty-store-url"),
-        pytest.param({"RETRYSAFE_STORE_URL": "cassandra://x"}, {}, "unknown store URL", id="scheme"),
+        pytest.param(
+            {"RETRYSAFE_STORE_URL": "cassandra://x"}, {}, "unknown store URL", id="scheme"
+        ),
         pytest.param(
             {"RETRYSAFE_TTL": "abc"}, {}, "RETRYSAFE_TTL in app.config: must be seconds", id="type"
         ),

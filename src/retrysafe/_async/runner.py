@@ -50,6 +50,9 @@ from ._keeper import AsyncLeaseKeeper
 __all__ = ["AsyncCallRun", "AsyncExchange", "AsyncOperationRun", "AsyncRunner"]
 
 V = TypeVar("V")
+#: The operation's own class, so a layer's run sees its flow's methods (an attribute narrowed in
+#: a subclass instead would keep the runners from compiling with mypyc).
+F = TypeVar("F", bound="Operation[Any]")
 
 
 class AsyncRunner:
@@ -69,7 +72,7 @@ class AsyncRunner:
         self.estimates = Estimates()
 
 
-class AsyncOperationRun(Generic[V]):
+class AsyncOperationRun(Generic[V, F]):
     """One keyed operation: drives the phases of its
     :class:`~retrysafe._core.operation.Operation` that every layer shares, and is the work's
     context (the object :func:`retrysafe.transaction` and :func:`retrysafe.mark_committed` find
@@ -82,9 +85,9 @@ class AsyncOperationRun(Generic[V]):
 
     __slots__ = ("finalizers", "flow", "keeper", "started", "store", "tx")
 
-    flow: Operation[V]
+    flow: F
 
-    def __init__(self, runner: AsyncRunner, flow: Operation[V]) -> None:
+    def __init__(self, runner: AsyncRunner, flow: F) -> None:
         self.flow = flow
         flow.estimates = runner.estimates  # the front's, shared by its operations
         self.started = 0.0
@@ -210,7 +213,7 @@ class AsyncOperationRun(Generic[V]):
         raise AssertionError(f"unknown flow action {op!r}")  # pragma: no cover
 
 
-class AsyncExchange(AsyncOperationRun[Answer]):
+class AsyncExchange(AsyncOperationRun[Answer, Flow]):
     """One keyed HTTP request: the phases of its :class:`~retrysafe._core.http.Flow` that
     belong to HTTP (the response's settlement, a failing or unfinished handler).
 
@@ -220,8 +223,6 @@ class AsyncExchange(AsyncOperationRun[Answer]):
     """
 
     __slots__ = ()
-
-    flow: Flow
 
     def settle(
         self,
@@ -249,7 +250,7 @@ class AsyncExchange(AsyncOperationRun[Answer]):
         await drive(self.flow.incomplete(), self)
 
 
-class AsyncCallRun(AsyncOperationRun[str]):
+class AsyncCallRun(AsyncOperationRun[str, Call]):
     """One keyed call of an async function: its :class:`~retrysafe._core.call.Call` from the
     claim to the stored result.
 
@@ -259,8 +260,6 @@ class AsyncCallRun(AsyncOperationRun[str]):
     """
 
     __slots__ = ()
-
-    flow: Call
 
     async def invoke(
         self, function: Callable[..., Awaitable[Any]], args: tuple[Any, ...], kwargs: dict[str, Any]

@@ -45,7 +45,7 @@ class LeaseKeeper:
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._active: dict[_Renewable, tuple[float, float]] = {}
-        self._thread: threading.Thread | None = None
+        self._sweeper: threading.Thread | None = None
         self._wakes_at = 0.0  # when the sweeper wakes next (it sleeps at most 1 s)
 
     def add(self, item: _Renewable, interval: float) -> float:
@@ -58,11 +58,11 @@ class LeaseKeeper:
         due = now + interval
         with self._lock:  # the condition's own lock, without its Python-level wrapper
             self._active[item] = (due, interval)
-            if self._thread is None:
-                self._thread = threading.Thread(
+            if self._sweeper is None:
+                self._sweeper = threading.Thread(
                     target=self._sweep, name="retrysafe-leases", daemon=True
                 )
-                self._thread.start()
+                self._sweeper.start()
             if due < self._wakes_at:
                 # Due before the sweeper's next wake (a lease under 3 s): wake it now. With the
                 # usual leases it wakes in time anyway, and a notify per request is not free.
@@ -101,8 +101,7 @@ class LeaseKeeper:
                     wait = min(1.0, max(0.005, wait))
                     self._wakes_at = now + wait
                     self._cond.wait(timeout=wait)
-                    continue
-            for item in due:
+            for item in due:  # none after a wait: the loop starts over
                 try:
                     ok = item.renew()
                 except Exception:  # never let one renewal end the thread

@@ -51,6 +51,9 @@ from ._keeper import LeaseKeeper
 __all__ = ["CallRun", "Exchange", "OperationRun", "Runner"]
 
 V = TypeVar("V")
+#: The operation's own class, so a layer's run sees its flow's methods (an attribute narrowed in
+#: a subclass instead would keep the runners from compiling with mypyc).
+F = TypeVar("F", bound="Operation[Any]")
 
 
 class Runner:
@@ -70,7 +73,7 @@ class Runner:
         self.estimates = Estimates()
 
 
-class OperationRun(Generic[V]):
+class OperationRun(Generic[V, F]):
     """One keyed operation: drives the phases of its
     :class:`~retrysafe._core.operation.Operation` that every layer shares, and is the work's
     context (the object :func:`retrysafe.transaction` and :func:`retrysafe.mark_committed` find
@@ -83,9 +86,9 @@ class OperationRun(Generic[V]):
 
     __slots__ = ("finalizers", "flow", "keeper", "started", "store", "tx")
 
-    flow: Operation[V]
+    flow: F
 
-    def __init__(self, runner: Runner, flow: Operation[V]) -> None:
+    def __init__(self, runner: Runner, flow: F) -> None:
         self.flow = flow
         flow.estimates = runner.estimates  # the front's, shared by its operations
         self.started = 0.0
@@ -210,7 +213,7 @@ class OperationRun(Generic[V]):
         raise AssertionError(f"unknown flow action {op!r}")  # pragma: no cover
 
 
-class Exchange(OperationRun[Answer]):
+class Exchange(OperationRun[Answer, Flow]):
     """One keyed HTTP request: the phases of its :class:`~retrysafe._core.http.Flow` that
     belong to HTTP (the response's settlement, a failing or unfinished handler).
 
@@ -220,8 +223,6 @@ class Exchange(OperationRun[Answer]):
     """
 
     __slots__ = ()
-
-    flow: Flow
 
     def settle(
         self,
@@ -249,7 +250,7 @@ class Exchange(OperationRun[Answer]):
         drive(self.flow.incomplete(), self)
 
 
-class CallRun(OperationRun[str]):
+class CallRun(OperationRun[str, Call]):
     """One keyed call of an async function: its :class:`~retrysafe._core.call.Call` from the
     claim to the stored result.
 
@@ -259,8 +260,6 @@ class CallRun(OperationRun[str]):
     """
 
     __slots__ = ()
-
-    flow: Call
 
     def invoke(
         self, function: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
