@@ -226,12 +226,100 @@ class DramatiqFront:
             store.close()
 
 
+class HueyFront:
+    """``@huey.task()`` over ``@idempotent_task(huey, ...)`` on an immediate-mode Huey (its own
+    executor, hooks and result store, in this process); the key as ``idempotency_key=``. A
+    failed task's error is the one Huey signals (``SIGNAL_ERROR``)."""
+
+    id = "huey"
+    returns_results = True
+
+    def __init__(self) -> None:
+        self.contrib = pytest.importorskip("retrysafe.contrib.huey")
+        from huey import MemoryHuey, signals
+
+        self.huey = MemoryHuey(f"contract-{uuid.uuid4().hex[:8]}", immediate=True)
+        self.errors: dict[str, BaseException] = {}
+
+        def failed(signal: str, task: Any, exc: BaseException | None = None) -> None:
+            assert exc is not None
+            self.errors[task.id] = exc
+
+        self.huey.signal(signals.SIGNAL_ERROR)(failed)
+        self.names = itertools.count()
+        self.stores: list[Any] = []
+
+    def define(self, body: Callable[..., Any], *, store: str, **options: Any) -> Any:
+        keyed = self.contrib.idempotent_task(self.huey, store=store, **options)(body)
+        self.stores.append(keyed.retrysafe.store)
+        return self.huey.task(name=f"contract_{next(self.names)}")(keyed)
+
+    def send(self, handle: Any, key: str, *args: Any) -> Sent:
+        result = handle(*args, idempotency_key=key)
+        error = self.errors.pop(result.id, None)
+        if error is not None:
+            return Sent(error=error)
+        return Sent(result.get())
+
+    def close(self) -> None:
+        for store in self.stores:
+            store.close()
+
+
+class TaskiqFront:
+    """``@broker.task`` over ``@idempotent_task`` (an ``async def`` with ``body``'s signature)
+    on taskiq's in-memory broker with the ``Idempotency`` middleware: kicked with the key in
+    the message's labels, run by taskiq's receiver, the caller's ``wait_result()``."""
+
+    id = "taskiq"
+    returns_results = True
+
+    def __init__(self) -> None:
+        self.contrib = pytest.importorskip("retrysafe.contrib.taskiq")
+        from taskiq import InMemoryBroker
+
+        self.broker = InMemoryBroker()
+        self.broker.add_middlewares(self.contrib.Idempotency())
+        self.loop = asyncio.new_event_loop()
+        self.loop.run_until_complete(self.broker.startup())
+        self.names = itertools.count()
+        self.stores: list[Any] = []
+
+    def define(self, body: Callable[..., Any], *, store: str, **options: Any) -> Any:
+        @functools.wraps(body)
+        async def target(*args: Any, **kwargs: Any) -> Any:
+            return body(*args, **kwargs)
+
+        keyed = self.contrib.idempotent_task(target, store=store, **options)
+        self.stores.append(keyed.retrysafe.store)
+        return self.broker.task(task_name=f"contract_{next(self.names)}")(keyed)
+
+    def send(self, handle: Any, key: str, *args: Any) -> Sent:
+        async def kick() -> Any:
+            kicker = handle.kicker().with_labels(**self.contrib.idempotency_key(key))
+            sent = await kicker.kiq(*args)
+            return await sent.wait_result(timeout=30)
+
+        result = self.loop.run_until_complete(kick())
+        if result.is_err:
+            return Sent(error=result.error)
+        return Sent(result.return_value)
+
+    def close(self) -> None:
+        for store in self.stores:
+            self.loop.run_until_complete(store.aclose())
+        self.loop.run_until_complete(self.broker.shutdown())
+        self.loop.close()
+
+
 FRONTS = [
     pytest.param(DefFront, id="def"),
     pytest.param(AsyncDefFront, id="async-def"),
     pytest.param(ConsumerFront, id="consumer"),
     pytest.param(CeleryFront, id="celery"),
     pytest.param(DramatiqFront, id="dramatiq"),
+    pytest.param(HueyFront, id="huey"),
+    pytest.param(TaskiqFront, id="taskiq"),
 ]
 
 __all__ = ["FRONTS", "CallFront", "Sent"]
