@@ -21,6 +21,7 @@ import asyncio
 import functools
 import itertools
 import uuid
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -312,6 +313,78 @@ class TaskiqFront:
         self.loop.close()
 
 
+class RQFront:
+    """``@idempotent_job`` run by an RQ ``SimpleWorker`` in this process (RQ's own executor and
+    job context; a burst per delivery) on the real Redis; the key in the job's ``meta``. RQ
+    imports a job's function by name: each is registered on this module. A failed job's error
+    is the one RQ's exception handler is given; its result is ``job.return_value()``."""
+
+    id = "rq"
+    returns_results = True
+
+    def __init__(self) -> None:
+        from ..conftest import REDIS_URL, RUN_ID, _reachable, service_missing
+
+        self.contrib = pytest.importorskip("retrysafe.contrib.rq")
+        problem = _reachable(REDIS_URL, 6379)
+        if problem is not None:
+            service_missing("Redis", problem)
+        import redis
+        from rq import Queue, SimpleWorker
+
+        self.run_id = f"{RUN_ID}-{uuid.uuid4().hex[:8]}"
+        self.redis = redis.Redis.from_url(REDIS_URL)
+        self.queue = Queue(f"contract-{self.run_id}", connection=self.redis)
+        self.errors: dict[str, BaseException] = {}
+
+        def failed(job: Any, exc_type: Any, exc: BaseException, tb: Any) -> bool:
+            self.errors[job.id] = exc
+            return True
+
+        self.worker = SimpleWorker(
+            [self.queue],
+            connection=self.redis,
+            name=f"contract-{self.run_id}",
+            exception_handlers=[failed],
+        )
+        self.names: list[str] = []
+        self.stores: list[Any] = []
+        self.jobs = itertools.count()
+
+    def define(self, body: Callable[..., Any], *, store: str, **options: Any) -> Any:
+        keyed = self.contrib.idempotent_job(body, store=store, **options)
+        self.stores.append(keyed.retrysafe.store)
+        name = f"_rq_job_{self.run_id.replace('-', '_')}_{len(self.names)}"
+        globals()[name] = keyed
+        self.names.append(name)
+        return f"{__name__}.{name}"
+
+    def send(self, handle: Any, key: str, *args: Any) -> Sent:
+        job = self.queue.enqueue(
+            handle,
+            *args,
+            job_id=f"{self.run_id}-{next(self.jobs)}",
+            **self.contrib.idempotency_key(key),
+        )
+        with warnings.catch_warnings():
+            # RQ's own worker class and a job without Retry are warned about, once per process
+            warnings.simplefilter("ignore", RuntimeWarning)
+            self.worker.work(burst=True)
+        error = self.errors.pop(job.id, None)
+        if error is not None:
+            return Sent(error=error)
+        return Sent(job.return_value())
+
+    def close(self) -> None:
+        for name in self.names:
+            globals().pop(name, None)
+        for store in self.stores:
+            store.close()
+        for key in self.redis.scan_iter(match=f"*{self.run_id}*", count=1000):
+            self.redis.unlink(key)
+        self.redis.close()
+
+
 FRONTS = [
     pytest.param(DefFront, id="def"),
     pytest.param(AsyncDefFront, id="async-def"),
@@ -320,6 +393,7 @@ FRONTS = [
     pytest.param(DramatiqFront, id="dramatiq"),
     pytest.param(HueyFront, id="huey"),
     pytest.param(TaskiqFront, id="taskiq"),
+    pytest.param(RQFront, id="rq"),
 ]
 
 __all__ = ["FRONTS", "CallFront", "Sent"]
