@@ -385,6 +385,90 @@ class RQFront:
         self.redis.close()
 
 
+class ArqFront:
+    """``@idempotent_job`` over an ``async def job(ctx, ...)`` with ``body``'s parameters, run
+    by an arq ``Worker`` in this process (a burst per delivery) on the real Redis; the key as
+    ``idempotency_key=``; the caller's ``job.result()`` (arq hands back the job's exception)."""
+
+    id = "arq"
+    returns_results = True
+
+    def __init__(self) -> None:
+        from ..conftest import REDIS_URL, RUN_ID, _reachable, service_missing
+
+        self.contrib = pytest.importorskip("retrysafe.contrib.arq")
+        problem = _reachable(REDIS_URL, 6379)
+        if problem is not None:
+            service_missing("Redis", problem)
+        from arq import create_pool
+        from arq.connections import RedisSettings
+
+        self.run_id = f"{RUN_ID}-{uuid.uuid4().hex[:8]}"
+        self.queue = f"contract-{self.run_id}"
+        self.loop = asyncio.new_event_loop()
+        self.pool = self.loop.run_until_complete(
+            create_pool(RedisSettings.from_dsn(REDIS_URL), default_queue_name=self.queue)
+        )
+        self.functions: list[Any] = []
+        self.stores: list[Any] = []
+        self.jobs = itertools.count()
+
+    def define(self, body: Callable[..., Any], *, store: str, **options: Any) -> Any:
+        import inspect
+
+        from arq.worker import func
+
+        @functools.wraps(body)
+        async def target(ctx: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
+            return body(*args, **kwargs)
+
+        signature = inspect.signature(body)
+        ctx = inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        target.__signature__ = signature.replace(  # type: ignore[attr-defined]
+            parameters=[ctx, *signature.parameters.values()]
+        )
+        keyed = self.contrib.idempotent_job(target, store=store, **options)
+        self.stores.append(keyed.retrysafe.store)
+        name = f"contract_{len(self.functions)}"
+        self.functions.append(func(keyed, name=name, max_tries=1))
+        return name
+
+    def send(self, handle: Any, key: str, *args: Any) -> Sent:
+        from arq.worker import Worker
+
+        async def run() -> Any:
+            job = await self.pool.enqueue_job(
+                handle, *args, idempotency_key=key, _job_id=f"{self.run_id}-{next(self.jobs)}"
+            )
+            assert job is not None
+            worker = Worker(
+                functions=self.functions,
+                redis_pool=self.pool,
+                queue_name=self.queue,
+                burst=True,
+                poll_delay=0.05,
+                handle_signals=False,
+            )
+            await worker.main()
+            return await job.result(timeout=30, poll_delay=0.05)
+
+        try:
+            return Sent(self.loop.run_until_complete(run()))
+        except Exception as error:
+            return Sent(error=error)
+
+    def close(self) -> None:
+        async def end() -> None:
+            for store in self.stores:
+                await store.aclose()
+            async for key in self.pool.scan_iter(match=f"*{self.run_id}*", count=1000):
+                await self.pool.unlink(key)
+            await self.pool.aclose()
+
+        self.loop.run_until_complete(end())
+        self.loop.close()
+
+
 FRONTS = [
     pytest.param(DefFront, id="def"),
     pytest.param(AsyncDefFront, id="async-def"),
@@ -394,6 +478,7 @@ FRONTS = [
     pytest.param(HueyFront, id="huey"),
     pytest.param(TaskiqFront, id="taskiq"),
     pytest.param(RQFront, id="rq"),
+    pytest.param(ArqFront, id="arq"),
 ]
 
 __all__ = ["FRONTS", "CallFront", "Sent"]
