@@ -313,6 +313,17 @@ class TaskiqFront:
         self.loop.close()
 
 
+def _redis() -> tuple[str, str]:
+    """The real Redis's URL and a name unique to one front's keys (they carry the run's id, so
+    the session's end deletes what a failed test left); skip without Redis (fail in CI)."""
+    from ..conftest import REDIS_URL, RUN_ID, _reachable, service_missing
+
+    problem = _reachable(REDIS_URL, 6379)
+    if problem is not None:
+        service_missing("Redis", problem)
+    return REDIS_URL, f"{RUN_ID}-{uuid.uuid4().hex[:8]}"
+
+
 class RQFront:
     """``@idempotent_job`` run by an RQ ``SimpleWorker`` in this process (RQ's own executor and
     job context; a burst per delivery) on the real Redis; the key in the job's ``meta``. RQ
@@ -323,17 +334,12 @@ class RQFront:
     returns_results = True
 
     def __init__(self) -> None:
-        from ..conftest import REDIS_URL, RUN_ID, _reachable, service_missing
-
         self.contrib = pytest.importorskip("retrysafe.contrib.rq")
-        problem = _reachable(REDIS_URL, 6379)
-        if problem is not None:
-            service_missing("Redis", problem)
+        redis_url, self.run_id = _redis()
         import redis
         from rq import Queue, SimpleWorker
 
-        self.run_id = f"{RUN_ID}-{uuid.uuid4().hex[:8]}"
-        self.redis = redis.Redis.from_url(REDIS_URL)
+        self.redis = redis.Redis.from_url(redis_url)
         self.queue = Queue(f"contract-{self.run_id}", connection=self.redis)
         self.errors: dict[str, BaseException] = {}
 
@@ -394,20 +400,15 @@ class ArqFront:
     returns_results = True
 
     def __init__(self) -> None:
-        from ..conftest import REDIS_URL, RUN_ID, _reachable, service_missing
-
         self.contrib = pytest.importorskip("retrysafe.contrib.arq")
-        problem = _reachable(REDIS_URL, 6379)
-        if problem is not None:
-            service_missing("Redis", problem)
+        redis_url, self.run_id = _redis()
         from arq import create_pool
         from arq.connections import RedisSettings
 
-        self.run_id = f"{RUN_ID}-{uuid.uuid4().hex[:8]}"
         self.queue = f"contract-{self.run_id}"
         self.loop = asyncio.new_event_loop()
         self.pool = self.loop.run_until_complete(
-            create_pool(RedisSettings.from_dsn(REDIS_URL), default_queue_name=self.queue)
+            create_pool(RedisSettings.from_dsn(redis_url), default_queue_name=self.queue)
         )
         self.functions: list[Any] = []
         self.stores: list[Any] = []
