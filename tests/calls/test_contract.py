@@ -1,8 +1,8 @@
 """The call contract, the same tests over every call front: ``def`` and ``async def`` functions,
-the consumer (``MessageHandler``), Celery and Dramatiq (ids ``def``, ``async-def``, ``consumer``,
-``celery``, ``dramatiq``).
+the consumer (``MessageHandler``), Celery, Dramatiq, Huey, taskiq, RQ and arq (ids ``def``,
+``async-def``, ``consumer``, ``celery``, ``dramatiq``, ``huey``, ``taskiq``, ``rq``, ``arq``).
 
-A new front (RQ, Huey, arq, taskiq, a NATS consumer...) passes this suite by adding ONE class to
+A new front (a NATS consumer, gRPC...) passes this suite by adding ONE class to
 ``tests/calls/fronts.py`` and ONE ``pytest.param`` to its ``FRONTS``: the class answers
 ``fronts.CallFront`` (``define`` a body idempotent the way the front's users write it, ``send`` one
 delivery with a key through the front's own machinery, ``returns_results``, ``close``). The body

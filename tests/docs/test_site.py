@@ -64,6 +64,8 @@ PUBLIC_MODULES = [
     "retrysafe.contrib.arq",
     "retrysafe.contrib.huey",
     "retrysafe.contrib.taskiq",
+    "retrysafe.contrib.aiohttp",
+    "retrysafe.contrib.grpc",
     "retrysafe.contrib.prometheus",
     "retrysafe.contrib.otel",
     "retrysafe.testing",

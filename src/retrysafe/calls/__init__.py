@@ -6,15 +6,16 @@ HTTP shells are (DESIGN section 6).
 - the function decorator (:func:`idempotent_function`, :class:`IdempotentFunction`);
 - the delivery outcome (:class:`Delivery`) and the one
   :meth:`IdempotentFunction.deliver` that every queue and the consumer run a message by;
-- what the task queues' adapters share: :func:`task_function`, :func:`message_key`, and the
-  worker-start check of the queue's redelivery rules (:class:`Redelivery`,
-  :func:`redelivery_warnings`);
+- what the task queues' adapters share: :func:`task_function`, :func:`message_key`, the
+  wait in the worker of the queues that do not send a copy back (:func:`deliver_waiting`,
+  :func:`adeliver_waiting`), and the worker-start check of the queue's redelivery rules
+  (:class:`Redelivery`, :func:`redelivery_warnings`);
 - inside a ``def`` idempotent function: :func:`mark_committed` and :func:`transaction` (the
   synchronous twins of ``await retrysafe.mark_committed()`` / ``retrysafe.transaction()``).
 
 Users import from :mod:`retrysafe`, :mod:`retrysafe.functions`, :mod:`retrysafe.consumer` and
-:mod:`retrysafe.contrib.celery` / :mod:`retrysafe.contrib.dramatiq`; a new queue's adapter
-imports from here.
+:mod:`retrysafe.contrib.celery`, ``.dramatiq``, ``.rq``, ``.arq``, ``.huey``, ``.taskiq``; a
+new queue's adapter imports from here.
 """
 
 from __future__ import annotations
@@ -39,7 +40,10 @@ from ._options import (
 )
 from ._queues import (
     KEY_HEADER,
+    WAIT_POLL,
     Redelivery,
+    adeliver_waiting,
+    deliver_waiting,
     message_key,
     redelivery_warnings,
     task_function,
@@ -51,6 +55,7 @@ __all__ = [
     "IN_PROGRESS_RETRY_MAX",
     "KEY_HEADER",
     "STORE_RETRY_AFTER",
+    "WAIT_POLL",
     "CallOptions",
     "Delivery",
     "DeliveryOptions",
@@ -59,7 +64,9 @@ __all__ = [
     "IdempotentFunction",
     "Redelivery",
     "Status",
+    "adeliver_waiting",
     "call_config",
+    "deliver_waiting",
     "idempotent_function",
     "make_function",
     "mark_committed",

@@ -12,27 +12,39 @@ instead would be acknowledged and gone, as ``acks_late`` acknowledges failures).
 other arguments and "outcome unknown" fail the task with their error
 (:class:`~retrysafe.KeyReusedError`, :class:`~retrysafe.OutcomeUnknownError`), for a person to
 look at: a task queue's dead letter.
+
+The queues whose callers wait on the job's own result and that have no retry leaving the
+attempt count alone (RQ, arq, taskiq) do not send such a copy back: it waits in the worker
+(:func:`deliver_waiting`, :func:`adeliver_waiting`), looking at the key again every second,
+until the first run's stored outcome answers it or its dead owner's key is taken over, bounded
+by the job's own timeout.
 """
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
+import time
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from .._core.call import check_key
 from .._core.config import IdempotencyConfig
 from .._core.errors import ConfigurationError, InvalidKeyError
-from ..stores import Store
+from ..stores import AsyncStore, Store
+from ._delivery import Delivery
 from ._function import IdempotentFunction, make_function
 from ._options import FunctionOptions
 
 __all__ = [
     "KEY_HEADER",
+    "WAIT_POLL",
     "Redelivery",
+    "adeliver_waiting",
+    "deliver_waiting",
     "message_key",
     "redelivery_warnings",
     "task_function",
@@ -42,24 +54,94 @@ __all__ = [
 #: The message header (Celery) or message option (Dramatiq) a producer puts the business key in.
 KEY_HEADER = "idempotency_key"
 
+#: The longest a copy waiting in the worker sleeps before it looks at the key again (one store
+#: read): a copy of a short job is answered within a second of the first run's end.
+WAIT_POLL = 1.0
+
 logger = logging.getLogger("retrysafe")
 
 
 def task_function(
-    function: Callable[..., Any], store: str | Store, options: FunctionOptions, *, where: str
+    function: Callable[..., Any],
+    store: str | AsyncStore | Store,
+    options: FunctionOptions,
+    *,
+    where: str,
+    is_async: bool = False,
 ) -> IdempotentFunction[..., Any]:
-    """A task's ``def`` function made idempotent: one run per key across deliveries and workers
-    (named by default by its module and qualified name, which every worker shares).
+    """A task's function made idempotent: one run per key across deliveries and workers (named
+    by default by its module and qualified name, which every worker shares).
+
+    Args:
+        is_async: the queue runs ``async def`` jobs (arq, taskiq), not ``def`` ones.
 
     Raises:
-        ConfigurationError: an ``async def`` (task queues call functions), or a bad option (at
-            decoration, in the producer and the worker alike).
+        ConfigurationError: an ``async def`` for a queue that calls functions, a ``def`` for an
+            asyncio queue, or a bad option (at decoration, in the producer and the worker
+            alike).
     """
-    if inspect.iscoroutinefunction(function):
+    if inspect.iscoroutinefunction(function) != is_async:
+        if is_async:
+            raise ConfigurationError(f"{where}: an asyncio queue's job is an async def function")
         raise ConfigurationError(f"{where}: a task is a def function, not an async def")
     if options.get("name") is None:
         options = {**options, "name": f"{function.__module__}.{function.__qualname__}"}
     return make_function(function, store, options)
+
+
+def _outcome(delivery: Delivery) -> Any:
+    """The result of a delivery that is not to be retried, or its dead letter's error."""
+    if delivery.dead_letter and delivery.error is not None:
+        raise delivery.error  # the job fails, for a person to look at
+    return delivery.result
+
+
+def deliver_waiting(
+    keyed: IdempotentFunction[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    *,
+    key: object = None,
+    fallback: object = None,
+) -> Any:
+    """Run one delivery of a ``def`` job to its outcome, waiting in the worker while a live
+    run holds the key or the store fails.
+
+    Args:
+        args: the job's positional arguments.
+        kwargs: its keyword arguments.
+        key: the message's key, as :class:`~retrysafe.calls.DeliveryOptions` ``key``.
+        fallback: the job's id, as :class:`~retrysafe.calls.DeliveryOptions` ``fallback``.
+
+    Returns:
+        The result, now or stored.
+
+    Raises:
+        KeyReusedError: the key was used with other arguments.
+        OutcomeUnknownError: the first run committed its effects and died unrecorded.
+        BaseException: what the function raised, or its stored final exception.
+    """
+    while True:
+        delivery = keyed.deliver(args, kwargs, key=key, fallback=fallback, queue=True)
+        if not delivery.retry:
+            return _outcome(delivery)
+        time.sleep(min(delivery.retry_after or 1, WAIT_POLL))
+
+
+async def adeliver_waiting(
+    keyed: IdempotentFunction[..., Awaitable[Any]],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    *,
+    key: object = None,
+    fallback: object = None,
+) -> Any:
+    """:func:`deliver_waiting` for an ``async def`` job."""
+    while True:
+        delivery = await keyed.adeliver(args, kwargs, key=key, fallback=fallback, queue=True)
+        if not delivery.retry:
+            return _outcome(delivery)
+        await asyncio.sleep(min(delivery.retry_after or 1, WAIT_POLL))
 
 
 def message_key(key: object) -> str:

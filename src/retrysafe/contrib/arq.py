@@ -36,14 +36,17 @@ from __future__ import annotations
 import contextvars
 import functools
 import inspect
-from collections.abc import Awaitable, Callable, Iterable, Sequence
-from typing import Any, TypeVar, overload
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar, Unpack, overload
 
-from .._core.call import ResultCodec
-from .._core.config import IdempotencyConfig
+from ..calls import (
+    FunctionOptions,
+    IdempotentFunction,
+    adeliver_waiting,
+    task_function,
+    warn_once,
+)
 from ..stores import AsyncStore, Store
-from ._queues import AsyncTaskFunction, adeliver
-from ._tasks import warn_once
 
 try:
     from arq.worker import Function
@@ -64,17 +67,7 @@ _ctx: contextvars.ContextVar[dict[str, Any]] = contextvars.ContextVar("retrysafe
 
 @overload
 def idempotent_job(
-    function: F,
-    /,
-    *,
-    store: str | AsyncStore | Store,
-    key: Callable[..., Any] | str | Sequence[str] | None = None,
-    name: str | None = None,
-    fingerprint: Sequence[str] | None = None,
-    codec: str | ResultCodec = "json",
-    final: Iterable[type[BaseException]] = (),
-    config: IdempotencyConfig | None = None,
-    **options: Any,
+    function: F, /, *, store: str | AsyncStore | Store, **options: Unpack[FunctionOptions]
 ) -> F: ...
 
 
@@ -84,13 +77,7 @@ def idempotent_job(
     /,
     *,
     store: str | AsyncStore | Store,
-    key: Callable[..., Any] | str | Sequence[str] | None = None,
-    name: str | None = None,
-    fingerprint: Sequence[str] | None = None,
-    codec: str | ResultCodec = "json",
-    final: Iterable[type[BaseException]] = (),
-    config: IdempotencyConfig | None = None,
-    **options: Any,
+    **options: Unpack[FunctionOptions],
 ) -> Callable[[F], F]: ...
 
 
@@ -99,44 +86,35 @@ def idempotent_job(
     /,
     *,
     store: str | AsyncStore | Store,
-    key: Callable[..., Any] | str | Sequence[str] | None = None,
-    name: str | None = None,
-    fingerprint: Sequence[str] | None = None,
-    codec: str | ResultCodec = "json",
-    final: Iterable[type[BaseException]] = (),
-    config: IdempotencyConfig | None = None,
-    **options: Any,
+    **options: Unpack[FunctionOptions],
 ) -> F | Callable[[F], F]:
     """Make an arq job function (``async def job(ctx, ...)``) run once per key.
 
     Args:
         function: the job's ``async def`` function, ``ctx`` first (when used without options).
         store: a store URL or store: every worker must share it.
-        key: the key from the arguments after ``ctx``: a parameter name, several, or a callable
-            over them. An ``idempotency_key=`` argument wins; without any, the job's id.
-        name: what the keys are scoped by (default: the function's module and qualified name).
-        fingerprint: the parameter names that identify the job (default: all but ``ctx``).
-        codec: how results are stored (``"json"``, ``"pickle"`` or a codec).
-        final: exception types that are outcomes: stored, raised again for every copy.
-        config: an :class:`~retrysafe.IdempotencyConfig`, or its call options as keywords.
-        **options: ``ttl`` (longer than a re-run's delay), ``lease``, ``on_store_error``,
-            ``transactional``, ``on_event``.
+        **options: :class:`~retrysafe.calls.FunctionOptions`, as
+            :func:`~retrysafe.idempotent_function` takes them: ``key`` (the key from the
+            arguments after ``ctx``: a parameter name, several, or a callable over them; an
+            ``idempotency_key=`` argument wins; without any, the job's id), ``name`` (default:
+            the function's module and qualified name), ``fingerprint`` (default: all but
+            ``ctx``), ``codec``, ``final``, ``config`` or the call options (``ttl``: longer
+            than a re-run's delay; ``lease``, ``on_store_error``, ``transactional``,
+            ``on_event``).
 
     Raises:
         ConfigurationError: a bad option, named (at import).
     """
-    spec: dict[str, Any] = {"store": store, "key": key, "name": name, "fingerprint": fingerprint}
-    spec |= {"codec": codec, "final": final, "config": config, **options}
 
     def decorate(target: F) -> F:
         where = f"idempotent_job({getattr(target, '__qualname__', target)})"
-        keyed = AsyncTaskFunction(_without_ctx(target), where=where, **spec)
+        keyed = task_function(_without_ctx(target), store, options, where=where, is_async=True)
 
         @functools.wraps(target)
         async def run(ctx: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
             token = _ctx.set(ctx)
             try:
-                return await adeliver(keyed, args, kwargs, key=None, fallback=ctx["job_id"])
+                return await adeliver_waiting(keyed, args, kwargs, fallback=ctx["job_id"])
             finally:
                 _ctx.reset(token)
 
@@ -177,7 +155,7 @@ def check_worker(settings: Any) -> list[str]:
     out: list[str] = []
     for coroutine, own_tries, _ in jobs:
         keyed = getattr(coroutine, "retrysafe", None)
-        if not isinstance(keyed, AsyncTaskFunction):
+        if not isinstance(keyed, IdempotentFunction):
             continue
         where = f"arq job {getattr(coroutine, '__qualname__', coroutine)}"
         tries = own_tries or max_tries

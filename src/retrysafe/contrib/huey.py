@@ -35,13 +35,11 @@ from __future__ import annotations
 
 import functools
 import threading
-from collections.abc import Callable, Iterable, Sequence
-from typing import Any, ParamSpec, TypeVar
+from collections.abc import Callable
+from typing import Any, ParamSpec, TypeVar, Unpack
 
-from .._core.call import ResultCodec
-from .._core.config import IdempotencyConfig
+from ..calls import FunctionOptions, IdempotentFunction, task_function, warn_once
 from ..stores import Store
-from ._tasks import TaskFunction, warn_once
 
 try:
     from huey import Huey
@@ -56,21 +54,11 @@ R = TypeVar("R")
 
 #: The task each consumer worker runs now (set by the ``pre_execute`` hook).
 _running = threading.local()
-_hooked: dict[int, list[TaskFunction]] = {}
+_hooked: dict[int, list[IdempotentFunction[..., Any]]] = {}
 
 
 def idempotent_task(
-    huey: Huey,
-    /,
-    *,
-    store: str | Store,
-    key: Callable[..., Any] | str | Sequence[str] | None = None,
-    name: str | None = None,
-    fingerprint: Sequence[str] | None = None,
-    codec: str | ResultCodec = "json",
-    final: Iterable[type[BaseException]] = (),
-    config: IdempotencyConfig | None = None,
-    **options: Any,
+    huey: Huey, /, *, store: str | Store, **options: Unpack[FunctionOptions]
 ) -> Callable[[Callable[P, R]], Callable[P, R]]:
     """Make a Huey task's function run once per key; put it under ``@huey.task()``.
 
@@ -78,33 +66,31 @@ def idempotent_task(
         huey: the Huey instance the task is registered on (its ``pre_execute``,
             ``post_execute`` and ``on_startup`` hooks are added once).
         store: a store URL or a synchronous store: every consumer must share it.
-        key: the key from the arguments: a parameter name, several, or a callable over the
-            arguments. An ``idempotency_key=`` argument wins; without any, the task's id.
-        name: what the keys are scoped by (default: the function's module and qualified name).
-        fingerprint: the parameter names that identify the task (default: all).
-        codec: how results are stored (``"json"``, ``"pickle"`` or a codec).
-        final: exception types that are outcomes: stored, raised again for every copy.
-        config: an :class:`~retrysafe.IdempotencyConfig`, or its call options as keywords.
-        **options: ``ttl`` (longer than any re-enqueue), ``lease``, ``on_store_error``,
-            ``transactional``, ``on_event``.
+        **options: :class:`~retrysafe.calls.FunctionOptions`, as
+            :func:`~retrysafe.idempotent_function` takes them: ``key`` (a parameter name,
+            several, or a callable over the arguments; an ``idempotency_key=`` argument wins;
+            without any, the task's id), ``name`` (default: the function's module and qualified
+            name), ``fingerprint``, ``codec``, ``final``, ``config`` or the call options
+            (``ttl``: longer than any re-enqueue; ``lease``, ``on_store_error``,
+            ``transactional``, ``on_event``).
 
     Raises:
         ConfigurationError: a bad option, named (at import, in producers and consumers alike).
     """
-    spec: dict[str, Any] = {"store": store, "key": key, "name": name, "fingerprint": fingerprint}
-    spec |= {"codec": codec, "final": final, "config": config, **options}
 
     def decorate(target: Callable[P, R]) -> Callable[P, R]:
         where = f"idempotent_task({getattr(target, '__qualname__', target)})"
-        keyed = TaskFunction(target, where=where, **spec)
+        keyed = task_function(target, store, options, where=where)
         _hook(huey).append(keyed)
 
         @functools.wraps(target)
         def run(*args: P.args, **kwargs: P.kwargs) -> R:
             task = getattr(_running, "task", None)
             if task is None:  # called directly (or by Huey's immediate mode without hooks)
-                return keyed.function(*args, **kwargs)  # type: ignore[no-any-return]
-            delivery = keyed.run(args, kwargs, key=None, fallback=task.id)
+                return keyed(*args, **kwargs)  # type: ignore[no-any-return]
+            delivery = keyed.deliver(args, kwargs, fallback=task.id, queue=True)
+            if delivery.dead_letter and delivery.error is not None:
+                raise delivery.error  # the task fails, for a person to look at
             if not delivery.retry:
                 return delivery.result  # type: ignore[no-any-return]
             # A live consumer runs the first copy, or the store failed: this task comes back
@@ -117,7 +103,7 @@ def idempotent_task(
     return decorate
 
 
-def _hook(huey: Huey) -> list[TaskFunction]:
+def _hook(huey: Huey) -> list[IdempotentFunction[..., Any]]:
     """The idempotent tasks of ``huey``, its hooks added on the first."""
     keyed = _hooked.get(id(huey))
     if keyed is not None:

@@ -38,14 +38,19 @@ or run it twice (a ``RuntimeWarning`` and a log line).
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterable, Sequence
-from typing import Any, ParamSpec, TypeVar, overload
+from collections.abc import Callable
+from typing import Any, ParamSpec, TypeVar, Unpack, overload
 
-from .._core.call import ResultCodec
 from .._core.config import IdempotencyConfig
+from ..calls import (
+    KEY_HEADER,
+    FunctionOptions,
+    deliver_waiting,
+    message_key,
+    task_function,
+    warn_once,
+)
 from ..stores import Store
-from ._queues import deliver
-from ._tasks import KEY_HEADER, TaskFunction, warn_once
 
 try:
     import rq.worker
@@ -71,39 +76,23 @@ def idempotency_key(key: str | int) -> dict[str, Any]:
 
     ``queue.enqueue(charge, "o-1", 100, **idempotency_key("order-1"))`` (merge it into your own
     ``meta=`` if you pass one). Every job with the key has one effect.
+
+    Raises:
+        InvalidKeyError: the key is empty, longer than 255 characters, or not a ``str`` or
+            ``int``: the enqueue fails, rather than the job in the worker.
     """
-    return {"meta": {KEY_HEADER: str(key)}}
+    return {"meta": {KEY_HEADER: message_key(key)}}
 
 
 @overload
 def idempotent_job(
-    function: Callable[P, R],
-    /,
-    *,
-    store: str | Store,
-    key: Callable[..., Any] | str | Sequence[str] | None = None,
-    name: str | None = None,
-    fingerprint: Sequence[str] | None = None,
-    codec: str | ResultCodec = "json",
-    final: Iterable[type[BaseException]] = (),
-    config: IdempotencyConfig | None = None,
-    **options: Any,
+    function: Callable[P, R], /, *, store: str | Store, **options: Unpack[FunctionOptions]
 ) -> Callable[P, R]: ...
 
 
 @overload
 def idempotent_job(
-    function: None = None,
-    /,
-    *,
-    store: str | Store,
-    key: Callable[..., Any] | str | Sequence[str] | None = None,
-    name: str | None = None,
-    fingerprint: Sequence[str] | None = None,
-    codec: str | ResultCodec = "json",
-    final: Iterable[type[BaseException]] = (),
-    config: IdempotencyConfig | None = None,
-    **options: Any,
+    function: None = None, /, *, store: str | Store, **options: Unpack[FunctionOptions]
 ) -> Callable[[Callable[P, R]], Callable[P, R]]: ...
 
 
@@ -112,48 +101,37 @@ def idempotent_job(
     /,
     *,
     store: str | Store,
-    key: Callable[..., Any] | str | Sequence[str] | None = None,
-    name: str | None = None,
-    fingerprint: Sequence[str] | None = None,
-    codec: str | ResultCodec = "json",
-    final: Iterable[type[BaseException]] = (),
-    config: IdempotencyConfig | None = None,
-    **options: Any,
+    **options: Unpack[FunctionOptions],
 ) -> Callable[P, R] | Callable[[Callable[P, R]], Callable[P, R]]:
     """Make an RQ job function run once per key (put it under RQ's ``@job`` if you use it).
 
     Args:
         function: the job's ``def`` function (when used without options).
         store: a store URL or a synchronous store: every worker must share it.
-        key: the key from the arguments: a parameter name, several, or a callable over the
-            arguments. A key in the job's ``meta`` or an ``idempotency_key=`` argument wins;
-            without any, the job's id is the key.
-        name: what the keys are scoped by (default: the function's module and qualified name).
-        fingerprint: the parameter names that identify the job (default: all).
-        codec: how results are stored (``"json"``, ``"pickle"`` or a codec).
-        final: exception types that are outcomes: stored, raised again for every copy.
-        config: an :class:`~retrysafe.IdempotencyConfig`, or its call options as keywords.
-        **options: ``ttl`` (longer than any retry), ``lease``, ``on_store_error``,
-            ``transactional``, ``on_event``.
+        **options: :class:`~retrysafe.calls.FunctionOptions`, as
+            :func:`~retrysafe.idempotent_function` takes them: ``key`` (a parameter name,
+            several, or a callable over the arguments; a key in the job's ``meta`` or an
+            ``idempotency_key=`` argument wins; without any, the job's id is the key),
+            ``name`` (default: the function's module and qualified name), ``fingerprint``,
+            ``codec``, ``final``, ``config`` or the call options (``ttl``: longer than any
+            retry; ``lease``, ``on_store_error``, ``transactional``, ``on_event``).
 
     Raises:
         ConfigurationError: a bad option, named (at import, in producers and workers alike).
     """
-    spec: dict[str, Any] = {"store": store, "key": key, "name": name, "fingerprint": fingerprint}
-    spec |= {"codec": codec, "final": final, "config": config, **options}
 
     def decorate(target: Callable[P, R]) -> Callable[P, R]:
         where = f"idempotent_job({getattr(target, '__qualname__', target)})"
-        keyed = TaskFunction(target, where=where, **spec)
+        keyed = task_function(target, store, options, where=where)
 
         @functools.wraps(target)
         def run(*args: P.args, **kwargs: P.kwargs) -> R:
             job = get_current_job()
             if job is None:  # called directly, not by a worker
-                return keyed.function(*args, **kwargs)  # type: ignore[no-any-return]
+                return keyed(*args, **kwargs)  # type: ignore[no-any-return]
             warn_once(check_job(job, keyed.config, _worker))
             header = (job.meta or {}).get(KEY_HEADER)
-            return deliver(keyed, args, kwargs, key=header, fallback=job.id)  # type: ignore[no-any-return]
+            return deliver_waiting(keyed, args, kwargs, key=header, fallback=job.id)  # type: ignore[no-any-return]
 
         run.retrysafe = keyed  # type: ignore[attr-defined]
         return run

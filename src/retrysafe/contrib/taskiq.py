@@ -34,14 +34,19 @@ from __future__ import annotations
 
 import contextvars
 import functools
-from collections.abc import Awaitable, Callable, Iterable, Sequence
-from typing import Any, TypeVar, overload
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar, Unpack, overload
 
-from .._core.call import ResultCodec
-from .._core.config import IdempotencyConfig
+from ..calls import (
+    KEY_HEADER,
+    FunctionOptions,
+    IdempotentFunction,
+    adeliver_waiting,
+    message_key,
+    task_function,
+    warn_once,
+)
 from ..stores import AsyncStore, Store
-from ._queues import AsyncTaskFunction, adeliver
-from ._tasks import KEY_HEADER, warn_once
 
 try:
     from taskiq import TaskiqMessage, TaskiqMiddleware
@@ -61,28 +66,23 @@ SLOW_REDELIVERY = 120
 _message: contextvars.ContextVar[TaskiqMessage | None] = contextvars.ContextVar(
     "retrysafe_taskiq_message", default=None
 )
-_keyed: dict[str, AsyncTaskFunction] = {}
+_keyed: dict[str, IdempotentFunction[..., Any]] = {}
 
 
 def idempotency_key(key: str | int) -> dict[str, Any]:
     """The labels that carry a business key with the message:
-    ``task.kicker().with_labels(**idempotency_key("order-1")).kiq(...)``."""
-    return {KEY_HEADER: str(key)}
+    ``task.kicker().with_labels(**idempotency_key("order-1")).kiq(...)``.
+
+    Raises:
+        InvalidKeyError: the key is empty, longer than 255 characters, or not a ``str`` or
+            ``int``: the kick fails, rather than the task in the worker.
+    """
+    return {KEY_HEADER: message_key(key)}
 
 
 @overload
 def idempotent_task(
-    function: F,
-    /,
-    *,
-    store: str | AsyncStore | Store,
-    key: Callable[..., Any] | str | Sequence[str] | None = None,
-    name: str | None = None,
-    fingerprint: Sequence[str] | None = None,
-    codec: str | ResultCodec = "json",
-    final: Iterable[type[BaseException]] = (),
-    config: IdempotencyConfig | None = None,
-    **options: Any,
+    function: F, /, *, store: str | AsyncStore | Store, **options: Unpack[FunctionOptions]
 ) -> F: ...
 
 
@@ -92,13 +92,7 @@ def idempotent_task(
     /,
     *,
     store: str | AsyncStore | Store,
-    key: Callable[..., Any] | str | Sequence[str] | None = None,
-    name: str | None = None,
-    fingerprint: Sequence[str] | None = None,
-    codec: str | ResultCodec = "json",
-    final: Iterable[type[BaseException]] = (),
-    config: IdempotencyConfig | None = None,
-    **options: Any,
+    **options: Unpack[FunctionOptions],
 ) -> Callable[[F], F]: ...
 
 
@@ -107,13 +101,7 @@ def idempotent_task(
     /,
     *,
     store: str | AsyncStore | Store,
-    key: Callable[..., Any] | str | Sequence[str] | None = None,
-    name: str | None = None,
-    fingerprint: Sequence[str] | None = None,
-    codec: str | ResultCodec = "json",
-    final: Iterable[type[BaseException]] = (),
-    config: IdempotencyConfig | None = None,
-    **options: Any,
+    **options: Unpack[FunctionOptions],
 ) -> F | Callable[[F], F]:
     """Make a taskiq task's ``async def`` function run once per key; put it under
     ``@broker.task`` on a broker with the :class:`Idempotency` middleware.
@@ -121,35 +109,30 @@ def idempotent_task(
     Args:
         function: the task's ``async def`` function (when used without options).
         store: a store URL or store: every worker must share it.
-        key: the key from the arguments: a parameter name, several, or a callable over the
-            arguments. A key in the labels or an ``idempotency_key=`` argument wins; without
-            any, the task's id.
-        name: what the keys are scoped by (default: the function's module and qualified name).
-        fingerprint: the parameter names that identify the task (default: all).
-        codec: how results are stored (``"json"``, ``"pickle"`` or a codec).
-        final: exception types that are outcomes: stored, raised again for every copy.
-        config: an :class:`~retrysafe.IdempotencyConfig`, or its call options as keywords.
-        **options: ``ttl`` (longer than the broker's redelivery), ``lease``,
-            ``on_store_error``, ``transactional``, ``on_event``.
+        **options: :class:`~retrysafe.calls.FunctionOptions`, as
+            :func:`~retrysafe.idempotent_function` takes them: ``key`` (a parameter name,
+            several, or a callable over the arguments; a key in the labels or an
+            ``idempotency_key=`` argument wins; without any, the task's id), ``name`` (default:
+            the function's module and qualified name), ``fingerprint``, ``codec``, ``final``,
+            ``config`` or the call options (``ttl``: longer than the broker's redelivery;
+            ``lease``, ``on_store_error``, ``transactional``, ``on_event``).
 
     Raises:
         ConfigurationError: a bad option, named (at import).
     """
-    spec: dict[str, Any] = {"store": store, "key": key, "name": name, "fingerprint": fingerprint}
-    spec |= {"codec": codec, "final": final, "config": config, **options}
 
     def decorate(target: F) -> F:
         where = f"idempotent_task({getattr(target, '__qualname__', target)})"
-        keyed = AsyncTaskFunction(target, where=where, **spec)
-        _keyed[keyed.function.name] = keyed
+        keyed = task_function(target, store, options, where=where, is_async=True)
+        _keyed[keyed.name] = keyed
 
         @functools.wraps(target)
         async def run(*args: Any, **kwargs: Any) -> Any:
             message = _message.get()
             if message is None:  # called directly, not by a worker (or no middleware)
-                return await keyed.function(*args, **kwargs)
+                return await keyed(*args, **kwargs)
             header = message.labels.get(KEY_HEADER)
-            return await adeliver(keyed, args, kwargs, key=header, fallback=message.task_id)
+            return await adeliver_waiting(keyed, args, kwargs, key=header, fallback=message.task_id)
 
         run.retrysafe = keyed  # type: ignore[attr-defined]
         return run  # type: ignore[return-value]
