@@ -64,8 +64,6 @@ PUBLIC_MODULES = [
     "retrysafe.contrib.arq",
     "retrysafe.contrib.huey",
     "retrysafe.contrib.taskiq",
-    "retrysafe.contrib.aiohttp",
-    "retrysafe.contrib.grpc",
     "retrysafe.contrib.prometheus",
     "retrysafe.contrib.otel",
     "retrysafe.testing",

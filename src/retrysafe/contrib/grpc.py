@@ -341,7 +341,7 @@ class IdempotencyInterceptor(grpc.ServerInterceptor):
         context: Any,
     ) -> bytes | None:
         flow = self.settings.flow(method, key, request, metadata)
-        run: OperationRun[RpcAnswer] = OperationRun(self._runner, flow)
+        run: OperationRun[RpcAnswer, RpcFlow] = OperationRun(self._runner, flow)
         verdict = run.claim()
         if verdict is RUN_UNPROTECTED:
             return _serialize(handler, handler.unary_unary(_deserialize(handler, request), context))
@@ -444,7 +444,7 @@ class AsyncIdempotencyInterceptor(grpc.aio.ServerInterceptor):
 
         async def behavior(request: bytes, context: Any) -> Any:
             flow = self.settings.flow(method, key, request, metadata)
-            run: AsyncOperationRun[RpcAnswer] = AsyncOperationRun(self._runner, flow)
+            run: AsyncOperationRun[RpcAnswer, RpcFlow] = AsyncOperationRun(self._runner, flow)
             verdict = await run.claim()
             if verdict is RUN_UNPROTECTED:
                 response = await handler.unary_unary(_deserialize(handler, request), context)
@@ -473,7 +473,7 @@ class AsyncIdempotencyInterceptor(grpc.aio.ServerInterceptor):
 
 async def _aexecute(
     handler: Handler,
-    run: AsyncOperationRun[RpcAnswer],
+    run: AsyncOperationRun[RpcAnswer, RpcFlow],
     request: bytes,
     context: Any,
 ) -> tuple[RpcAnswer | None, bytes | None]:
