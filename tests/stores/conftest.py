@@ -9,8 +9,10 @@ registered by its own call and built through the store registry from its URL."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+import warnings
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -154,3 +156,17 @@ def real_sleep(seconds: float) -> Awaitable[None]:
 
 
 __all__ = ["Backend", "FakeClock", "MemoryStore", "real_sleep"]
+
+
+@pytest.fixture
+def dropped_cluster_nodes() -> Iterator[None]:
+    """For tests that fail a Redis Cluster master over: redis-py 5's async cluster client leaves
+    the connections of a node it drops from its slot map unclosed (redis/redis-py#3572, fixed in
+    7.2 by #3917; arq pins redis-py < 6, so the test environment has 5.x). Their
+    ResourceWarnings are ignored during the test (``filterwarnings`` on it) and the leftovers
+    are collected at its end, so no later test meets them in a ``gc.collect()``. The store's
+    own connections are checked by ``test_slot_map_rereads_leave_no_dropped_node_connected``."""
+    yield
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)
+        gc.collect()

@@ -123,6 +123,9 @@ def _fail_over(procs: RedisClusterProcs, master: int, replica: int) -> None:
     raise AssertionError(f"replica {replica} did not take over from {master} in three tries")
 
 
+@pytest.mark.usefixtures("dropped_cluster_nodes")
+@pytest.mark.filterwarnings("ignore::ResourceWarning")
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 async def test_master_failover_under_load_no_duplicate_no_500(
     redis_cluster: RedisClusterProcs,
 ) -> None:
@@ -355,6 +358,9 @@ async def test_rediss_against_a_tls_redis_server(tmp_path: Path) -> None:
         server.stop()
 
 
+@pytest.mark.usefixtures("dropped_cluster_nodes")
+@pytest.mark.filterwarnings("ignore::ResourceWarning")
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 @pytest.mark.chaos
 @pytest.mark.timeout(600)
 async def test_master_killed_under_load_no_500(tmp_path: Path) -> None:

@@ -410,6 +410,9 @@ def _duplicates(effects: Counter[str]) -> int:
     return sum(n - 1 for n in effects.values() if n > 1)
 
 
+@pytest.mark.usefixtures("dropped_cluster_nodes")
+@pytest.mark.filterwarnings("ignore::ResourceWarning")
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 @pytest.mark.timeout(300)
 async def test_acknowledged_writes_survive_a_master_killed_with_its_replica_cut_off(
     tmp_path: Path,
@@ -427,6 +430,9 @@ async def test_acknowledged_writes_survive_a_master_killed_with_its_replica_cut_
     assert statuses[503] > 0, "the cut-off shard's writes should have been refused"
 
 
+@pytest.mark.usefixtures("dropped_cluster_nodes")
+@pytest.mark.filterwarnings("ignore::ResourceWarning")
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 @pytest.mark.chaos
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("replicas", [0, 1])
@@ -485,6 +491,9 @@ def _on_replica(port: int, key: str) -> bytes | None:
         client.close()
 
 
+@pytest.mark.usefixtures("dropped_cluster_nodes")
+@pytest.mark.filterwarnings("ignore::ResourceWarning")
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 async def test_cluster_writes_are_acknowledged_and_follow_a_moved_slot(
     redis_cluster: RedisClusterProcs,
 ) -> None:
