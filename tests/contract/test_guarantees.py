@@ -54,14 +54,15 @@ def test_the_key_of_a_process_that_stopped_renewing_is_taken_over_after_its_leas
 def test_lease_renewal_keeps_a_slow_handler_from_running_twice(
     make_service: ServiceFactory, world: World
 ) -> None:
-    # Renewed every 0.5 s while the handler sleeps 3 s: a renewal may be a second late (a busy
-    # machine) without the lease lapsing, and the handler still outlives two leases.
-    svc = make_service(lease=1.5)
-    params = {"sleep": "3.0"}
+    # Renewed every second while the handler sleeps 6 s: a renewal may be two seconds late (a
+    # busy machine, a renewal waiting behind the probes' row locks on a SQL store) without the
+    # lease lapsing, and the handler still outlives two leases.
+    svc = make_service(lease=3.0)
+    params = {"sleep": "6.0"}
     first = svc.background(key="k1", json=ORDER, params=params)
     probes = []
-    for _ in range(5):  # three of them after the first lease would have lapsed
-        time.sleep(0.5)
+    for _ in range(5):  # two of them after the first lease would have lapsed
+        time.sleep(1.0)
         probes.append(svc.post(key="k1", json=ORDER, params=params))
     done = first.result()
     replay = svc.post(key="k1", json=ORDER, params=params)

@@ -57,7 +57,7 @@ def test_a_job_enqueued_twice_with_one_key_runs_once(
         setup.drop()
 
 
-@pytest.mark.timeout(150)
+@pytest.mark.timeout(300)
 def test_each_job_runs_once_across_killed_workers(
     tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:

@@ -57,7 +57,7 @@ def test_a_task_kicked_twice_with_one_key_runs_once(
         setup.drop()
 
 
-@pytest.mark.timeout(150)
+@pytest.mark.timeout(300)
 def test_each_task_runs_once_across_killed_workers(
     tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
