@@ -26,7 +26,6 @@ import time
 from typing import Any
 
 import nats
-from nats.errors import TimeoutError as FetchTimeout
 
 import retrysafe
 from retrysafe.consumer import MessageHandler
@@ -62,7 +61,7 @@ async def consume(args: argparse.Namespace) -> None:
         while not (args.idle_exit and quiet >= args.idle_exit):
             try:
                 messages = await subscription.fetch(batch=args.batch, timeout=1)
-            except FetchTimeout:
+            except TimeoutError:  # nats-py raises its own (a subclass) or asyncio's
                 quiet += 1
                 continue
             quiet = 0.0

@@ -12,10 +12,11 @@ from typing import Any
 
 import retrysafe
 
-from .effects import MODE, TABLE, WORK, effects_connection
+from .effects import MODE, TABLE, WORK, effects_connection, working
 
 
 async def charge(order_id: str, amount: int) -> dict[str, Any]:
+    working()
     await asyncio.sleep(random.uniform(0, 2 * WORK))
     now = time.time()
     if MODE == "tx":

@@ -44,8 +44,16 @@ def event(event: str, details: dict[str, Any]) -> None:
             out.write(f"{event} {details.get('record', '-')}\n")
 
 
+def working() -> None:
+    """Log that this process runs a job now (``working <pid>``): a run whose kill is aimed
+    (``Plan.aimed``) kills the worker this process belongs to."""
+    with open(EVENTS, "a") as out:
+        out.write(f"working {os.getpid()}\n")
+
+
 def work() -> None:
     """The task's own time: long enough that kills land inside runs."""
+    working()
     time.sleep(random.uniform(0, 2 * WORK))
 
 

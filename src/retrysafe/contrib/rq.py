@@ -29,9 +29,10 @@ retry is spent). Inside the job :func:`retrysafe.functions.transaction` and
 
 RQ runs a killed work-horse's job again only when the job was enqueued with ``retry=Retry(...)``,
 and only once another worker's maintenance finds its heartbeat expired (RQ's worker: the job
-monitoring interval + 60 s, then up to ``--maintenance-interval``, 600 s by default).
-:class:`Worker` gives a dead worker's job back after the monitoring interval + 10 s (a live job
-found late is safe: its copy waits), and checks at start and on each job what would lose a job
+monitoring interval + 60 s, then up to ``--maintenance-interval``, 600 s by default; an idle
+worker runs its maintenance only after waiting up to 405 s for a job). :class:`Worker` gives a
+dead worker's job back after the monitoring interval + 10 s, idle or not (a live job found late
+is safe: its copy waits), and checks at start and on each job what would lose a job
 or run it twice (a ``RuntimeWarning`` and a log line).
 """
 
@@ -197,10 +198,20 @@ class Worker(rq.worker.Worker):
 
     A job's execution is taken as dead ``job_monitoring_interval`` + 10 s after its last
     heartbeat (RQ's own: + 60 s); a live job found late by a busy machine is run again as a
-    copy, which waits for the first run's result and never runs. Use it with
+    copy, which waits for the first run's result and never runs. An idle worker wakes every
+    maintenance interval to run its maintenance (RQ's own waits up to 405 s for a job first, so
+    a job killed when no more jobs come in waits that long). Use it with
     ``--maintenance-interval 5`` (how often the started jobs are looked at) and jobs enqueued
     with ``retry=Retry(max=...)``; the worker warns at start otherwise.
     """
+
+    @property
+    def dequeue_timeout(self) -> int:
+        """Seconds an idle worker blocks waiting for a job: at most the maintenance interval
+        (RQ's own: ``worker_ttl`` - 15, 405 s), since an idle worker runs its maintenance, which
+        gives a killed worker's job back, only between two waits."""
+        own = int(super().dequeue_timeout)
+        return max(1, min(own, int(self.maintenance_interval)))
 
     def get_heartbeat_ttl(self, job: Job, working_time: float = 0.0) -> int:
         """Seconds an execution lives without a heartbeat."""
