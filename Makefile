@@ -57,7 +57,10 @@ unit: $(STAMP)
 	$(BIN)/pytest -m "not chaos" $(if $(filter-out 0,$(PYTEST_XDIST)),-n $(PYTEST_XDIST) --dist loadfile) $(PYTEST_ARGS)
 
 # The unit, contract and calls suites on the other supported Pythons (3.12, 3.13: pyenv's, else
-# pythonX.Y on PATH), each in a virtualenv of its own (.venv-3.12, .venv-3.13) built by uv.
+# pythonX.Y on PATH), each in a virtualenv of its own (.venv-3.12, .venv-3.13) built by uv. These
+# suites have no module- or session-wide fixtures (each test makes its own store, app and names),
+# so their tests are spread one by one over the workers (worksteal): contract/test_wire.py alone
+# holds 1,374 of them.
 COMPAT_PYTHONS ?= 3.12 3.13
 COMPAT_SUITES ?= tests/unit tests/contract tests/calls
 compat: $(STAMP)
@@ -67,7 +70,7 @@ compat: $(STAMP)
 	  test -x .venv-$$v/bin/pytest || $(BIN)/uv venv -q -p "$$py" .venv-$$v; \
 	  $(BIN)/uv pip install -q -p .venv-$$v/bin/python -e '.[test]'; \
 	  echo "compat: Python $$v ($$py)"; \
-	  .venv-$$v/bin/pytest -q -m "not chaos" $(if $(filter-out 0,$(PYTEST_XDIST)),-n $(PYTEST_XDIST) --dist loadfile) $(COMPAT_SUITES) $(PYTEST_ARGS); \
+	  .venv-$$v/bin/pytest -q -m "not chaos" $(if $(filter-out 0,$(PYTEST_XDIST)),-n $(PYTEST_XDIST) --dist worksteal) $(COMPAT_SUITES) $(PYTEST_ARGS); \
 	done
 
 # The sdist and the wheel, checked as PyPI would (twine); tests/install installs the wheel.
