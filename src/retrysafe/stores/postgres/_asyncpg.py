@@ -25,8 +25,9 @@ from ..._core.errors import StoreError, StoreUnavailableError
 from ..._core.records import instance_id
 from .._fork import INHERITED, reset_after_fork
 from .._loops import close_with_loop
+from .._sql_ops import ConnectionLostError, Query, Rows
 from . import _sql
-from ._sql import STORE_NAME, ConnectionLostError, Query, Rows, owner_lock_query
+from ._sql import STORE_NAME, owner_lock_query
 
 __all__ = ["AsyncpgDriver"]
 

@@ -25,12 +25,10 @@ from ..._core.drive_sync import drive
 from ..._core.errors import StoreError, StoreUnavailableError
 from ..._core.records import instance_id
 from .._fork import INHERITED, neuter_socket, reset_after_fork
+from .._sql_ops import ConnectionLostError, Query, Rows
 from ._sql import (
     STORE_NAME,
-    ConnectionLostError,
     PostgresOptions,
-    Query,
-    Rows,
     Statements,
     ensure_schema_op,
     is_unavailable_sqlstate,
