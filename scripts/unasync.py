@@ -335,7 +335,7 @@ TWINS = [
             ),
             (r"pooled per event loop and process", "pooled per process"),
             (
-                r"(self\._schema_done = not options\.auto_create)",
+                r"(self\._schema_done = not self\.options\.auto_create)",
                 r"\1\n        self._lock = threading.Lock()",
             ),
             (

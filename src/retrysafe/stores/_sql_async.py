@@ -72,7 +72,7 @@ class AsyncSQLStore:
         dialect = self.dialect
         self.options: Any = dialect.options.from_url(url, **options)
         self.statements: Any = dialect.statements(self.options)
-        self._driver: AsyncSQLDriver = self.driver_class(self.options, self.statements)
+        self._driver: AsyncSQLDriver = self.driver_class(self.statements)
         self._reserve_op = dialect.reserve_op
 
     @classmethod

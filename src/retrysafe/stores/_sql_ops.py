@@ -26,6 +26,8 @@ from typing import Any, Protocol
 
 from .._core.errors import StoreUnavailableError
 from .._core.records import Record, Reservation
+from ._registry import Backend, lazy_classes, register_backend
+from ._url import Option
 
 __all__ = [
     "PURGE_BATCH",
@@ -42,6 +44,7 @@ __all__ = [
     "mark_committed_op",
     "purge_op",
     "record_from",
+    "register_sql_package",
     "release_op",
     "renew_op",
     "retry_once",
@@ -114,6 +117,39 @@ class Dialect:
     options: Any
     statements: Callable[[Any], StatementSet]
     reserve_op: Callable[..., Generator[Query, Rows, Reservation]]
+
+
+def register_sql_package(
+    package: str,
+    name: str,
+    prefix: str,
+    schemes: tuple[str, ...],
+    options: Mapping[str, Option],
+    passed: frozenset[str] = frozenset(),
+) -> tuple[Backend, Callable[[str], Any]]:
+    """Register the server SQL store package ``package`` (``retrysafe.stores.<name>``, its extra
+    of the same name): its faces are ``_sync`` (``<prefix>Store``, ``<prefix>Transaction``) and
+    ``_async`` (the same names with ``Async`` before them), imported with their driver on first
+    use, never by the registration.
+
+    Returns:
+        The backend, and the package's module ``__getattr__`` that loads its classes.
+    """
+    backend = Backend(
+        name=name,
+        schemes=schemes,
+        store=f"{package}._sync:{prefix}Store",
+        async_store=f"{package}._async:Async{prefix}Store",
+        options=options,
+        passed=passed,
+        extra=name,
+    )
+    register_backend(backend)
+    faces = {"": "_sync", "Async": "_async"}
+    classes = {
+        f"{a}{prefix}{kind}": m for a, m in faces.items() for kind in ("Store", "Transaction")
+    }
+    return backend, lazy_classes(package, classes)
 
 
 def record_from(row: Sequence[Any], offset: int = 0) -> Record:

@@ -73,7 +73,7 @@ class SQLStore:
         dialect = self.dialect
         self.options: Any = dialect.options.from_url(url, **options)
         self.statements: Any = dialect.statements(self.options)
-        self._driver: SQLDriver = self.driver_class(self.options, self.statements)
+        self._driver: SQLDriver = self.driver_class(self.statements)
         self._reserve_op = dialect.reserve_op
 
     @classmethod

@@ -53,7 +53,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .._registry import Backend, lazy_classes, register_backend
+from .._sql_ops import register_sql_package
 from ._sql import SCHEMES, URL_OPTIONS, MySQLOptions
 
 if TYPE_CHECKING:
@@ -68,23 +68,5 @@ __all__ = [
     "MySQLTransaction",
 ]
 
-BACKEND = Backend(
-    name="mysql",
-    schemes=SCHEMES,
-    store="retrysafe.stores.mysql._sync:MySQLStore",
-    async_store="retrysafe.stores.mysql._async:AsyncMySQLStore",
-    options=URL_OPTIONS,
-    extra="mysql",
-)
-register_backend(BACKEND)
-
 # The store classes import their driver: loaded on first use, not by the registration.
-__getattr__ = lazy_classes(
-    __name__,
-    {
-        "AsyncMySQLStore": "_async",
-        "AsyncMySQLTransaction": "_async",
-        "MySQLStore": "_sync",
-        "MySQLTransaction": "_sync",
-    },
-)
+BACKEND, __getattr__ = register_sql_package(__name__, "mysql", "MySQL", SCHEMES, URL_OPTIONS)

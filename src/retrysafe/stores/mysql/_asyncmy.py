@@ -59,9 +59,14 @@ def _error(exc: BaseException, *, established: bool, what: str) -> StoreError:
     return StoreError(message, store=STORE_NAME)
 
 
-def _raise(exc: BaseException, *, established: bool, what: str) -> NoReturn:
+def _raise(
+    exc: BaseException, *, what: str, established: bool = False, tx: _Tx | None = None
+) -> NoReturn:
     """Raise what ``exc`` (just caught) means: itself when it is no ``Exception`` (a
-    cancellation), else its :class:`~retrysafe.StoreError`."""
+    cancellation), else its :class:`~retrysafe.StoreError`. A transaction ``tx`` it happened in
+    is marked failed: its connection is discarded, never reused in an unknown state."""
+    if tx is not None:
+        tx.failed = True
     if not isinstance(exc, Exception):
         raise exc
     raise _error(exc, established=established, what=what) from exc
@@ -169,18 +174,14 @@ class _Tx:
 
 
 class AsyncmyDriver:
-    """asyncmy connections, pooled per event loop and process (opened on first use).
+    """asyncmy connections, pooled per event loop and process (opened on first use), for the
+    store's ``statements`` (their ``options`` are the store's)."""
 
-    Args:
-        options: the store's options.
-        statements: the store's statements.
-    """
-
-    def __init__(self, options: MySQLOptions, statements: Statements) -> None:
-        self.options = options
+    def __init__(self, statements: Statements) -> None:
         self.statements = statements
+        self.options: MySQLOptions = statements.options
         self._pool: _Pool | None = None
-        self._schema_done = not options.auto_create
+        self._schema_done = not self.options.auto_create
 
     async def _current(self) -> _Pool:
         pool = self._pool
@@ -265,7 +266,7 @@ class AsyncmyDriver:
             await conn.begin()
         except BaseException as exc:
             pool.release(conn, discard=True)
-            _raise(exc, established=False, what="begin")
+            _raise(exc, what="begin")
         return _Tx(pool, conn)
 
     async def tx_fetch(self, tx: _Tx, query: Query) -> Rows:
@@ -273,8 +274,7 @@ class AsyncmyDriver:
         try:
             return await _run(tx.conn, query)
         except BaseException as exc:
-            tx.failed = True
-            _raise(exc, established=False, what=query.statement.name)
+            _raise(exc, what=query.statement.name, tx=tx)
 
     async def commit(self, tx: _Tx) -> None:
         """Commit the transaction."""
@@ -282,8 +282,7 @@ class AsyncmyDriver:
         try:
             await tx.conn.commit()
         except BaseException as exc:
-            tx.failed = True
-            _raise(exc, established=False, what="commit")
+            _raise(exc, what="commit", tx=tx)
 
     async def rollback(self, tx: _Tx) -> None:
         """Roll the transaction back (nothing when it has ended)."""
@@ -296,8 +295,7 @@ class AsyncmyDriver:
         try:
             await tx.conn.rollback()
         except BaseException as exc:
-            tx.failed = True
-            _raise(exc, established=False, what="rollback")
+            _raise(exc, what="rollback", tx=tx)
 
     async def end(self, tx: _Tx) -> None:
         """Roll back anything not committed and give the connection back to the pool, or

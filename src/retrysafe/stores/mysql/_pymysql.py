@@ -60,9 +60,14 @@ def _error(exc: BaseException, *, established: bool, what: str) -> StoreError:
     return StoreError(message, store=STORE_NAME)
 
 
-def _raise(exc: BaseException, *, established: bool, what: str) -> NoReturn:
+def _raise(
+    exc: BaseException, *, what: str, established: bool = False, tx: _Tx | None = None
+) -> NoReturn:
     """Raise what ``exc`` (just caught) means: itself when it is no ``Exception`` (a
-    cancellation), else its :class:`~retrysafe.StoreError`."""
+    cancellation), else its :class:`~retrysafe.StoreError`. A transaction ``tx`` it happened in
+    is marked failed: its connection is discarded, never reused in an unknown state."""
+    if tx is not None:
+        tx.failed = True
     if not isinstance(exc, Exception):
         raise exc
     raise _error(exc, established=established, what=what) from exc
@@ -160,18 +165,14 @@ class _Tx:
 
 
 class PyMySQLDriver:
-    """PyMySQL connections, pooled per process (opened on first use).
+    """PyMySQL connections, pooled per process (opened on first use), for the
+    store's ``statements`` (their ``options`` are the store's)."""
 
-    Args:
-        options: the store's options.
-        statements: the store's statements.
-    """
-
-    def __init__(self, options: MySQLOptions, statements: Statements) -> None:
-        self.options = options
+    def __init__(self, statements: Statements) -> None:
         self.statements = statements
+        self.options: MySQLOptions = statements.options
         self._pool: _Pool | None = None
-        self._schema_done = not options.auto_create
+        self._schema_done = not self.options.auto_create
         self._lock = threading.Lock()
 
     def _current(self) -> _Pool:
@@ -255,7 +256,7 @@ class PyMySQLDriver:
             conn.begin()
         except BaseException as exc:
             pool.release(conn, discard=True)
-            _raise(exc, established=False, what="begin")
+            _raise(exc, what="begin")
         return _Tx(pool, conn)
 
     def tx_fetch(self, tx: _Tx, query: Query) -> Rows:
@@ -263,8 +264,7 @@ class PyMySQLDriver:
         try:
             return _run(tx.conn, query)
         except BaseException as exc:
-            tx.failed = True
-            _raise(exc, established=False, what=query.statement.name)
+            _raise(exc, what=query.statement.name, tx=tx)
 
     def commit(self, tx: _Tx) -> None:
         """Commit the transaction."""
@@ -272,8 +272,7 @@ class PyMySQLDriver:
         try:
             tx.conn.commit()
         except BaseException as exc:
-            tx.failed = True
-            _raise(exc, established=False, what="commit")
+            _raise(exc, what="commit", tx=tx)
 
     def rollback(self, tx: _Tx) -> None:
         """Roll the transaction back (nothing when it has ended)."""
@@ -286,8 +285,7 @@ class PyMySQLDriver:
         try:
             tx.conn.rollback()
         except BaseException as exc:
-            tx.failed = True
-            _raise(exc, established=False, what="rollback")
+            _raise(exc, what="rollback", tx=tx)
 
     def end(self, tx: _Tx) -> None:
         """Roll back anything not committed and give the connection back to the pool, or

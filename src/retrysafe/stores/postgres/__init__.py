@@ -67,7 +67,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .._registry import Backend, lazy_classes, register_backend
+from .._sql_ops import register_sql_package
 from ._sql import LIBPQ_OPTIONS, SCHEMES, URL_OPTIONS, PostgresOptions
 
 if TYPE_CHECKING:
@@ -82,24 +82,7 @@ __all__ = [
     "PostgresTransaction",
 ]
 
-BACKEND = Backend(
-    name="postgres",
-    schemes=SCHEMES,
-    store="retrysafe.stores.postgres._sync:PostgresStore",
-    async_store="retrysafe.stores.postgres._async:AsyncPostgresStore",
-    options=URL_OPTIONS,
-    passed=LIBPQ_OPTIONS,
-    extra="postgres",
-)
-register_backend(BACKEND)
-
 # The store classes import their driver: loaded on first use, not by the registration.
-__getattr__ = lazy_classes(
-    __name__,
-    {
-        "AsyncPostgresStore": "_async",
-        "AsyncPostgresTransaction": "_async",
-        "PostgresStore": "_sync",
-        "PostgresTransaction": "_sync",
-    },
+BACKEND, __getattr__ = register_sql_package(
+    __name__, "postgres", "Postgres", SCHEMES, URL_OPTIONS, passed=LIBPQ_OPTIONS
 )

@@ -150,13 +150,12 @@ class AsyncpgDriver:
     opens its own (see :mod:`retrysafe.stores._fork`).
 
     Args:
-        options: the store's options.
-        statements: the store's statements.
+        statements: the store's statements (and, as their ``options``, its options).
     """
 
-    def __init__(self, options: _sql.PostgresOptions, statements: _sql.Statements) -> None:
-        self.options = options
+    def __init__(self, statements: _sql.Statements) -> None:
         self.statements = statements
+        self.options: _sql.PostgresOptions = statements.options
         # The pool of the loop that used the store last (the hot path's one check), and every
         # loop's: a pool and the generator that closes it when its loop ends.
         self._pool: Any = None
