@@ -20,14 +20,15 @@ set-up.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from .._core.errors import StoreUnavailableError
+from .._core.errors import ConfigurationError, StoreUnavailableError
 from .._core.records import Record, Reservation
-from ._registry import Backend, lazy_classes, register_backend
-from ._url import Option
+from ._registry import Backend, lazy_classes, parse_store_url, register_backend
+from ._url import Option, StoreURL
 
 __all__ = [
     "PURGE_BATCH",
@@ -49,6 +50,8 @@ __all__ = [
     "renew_op",
     "retry_once",
     "stats_op",
+    "store_url",
+    "table_parts",
 ]
 
 PURGE_BATCH = 1000
@@ -117,6 +120,37 @@ class Dialect:
     options: Any
     statements: Callable[[Any], StatementSet]
     reserve_op: Callable[..., Generator[Query, Rows, Reservation]]
+
+
+def store_url(url: str | StoreURL, schemes: tuple[str, ...], label: str) -> StoreURL:
+    """``url`` parsed (unless :func:`retrysafe.stores.parse_store_url` already did), with one of
+    the ``schemes`` of the store whose URLs are written ``label`` (``"mysql://"``).
+
+    Raises:
+        ConfigurationError: another scheme, or a query option of no store.
+    """
+    parsed = parse_store_url(url) if isinstance(url, str) else url
+    if parsed.scheme not in schemes:
+        raise ConfigurationError(f"not a {label} URL: {parsed.scheme}://...")
+    return parsed
+
+
+def table_parts(
+    table: str, identifier: re.Pattern[str], *, store: str, container: str
+) -> tuple[list[str], str]:
+    """``table`` (``NAME`` or ``<container>.NAME``) split at its dot, and the name of its expiry
+    index. Each part must match ``identifier`` (the dialect's plain identifiers), so its quoted
+    form can be put into SQL text safely.
+
+    Raises:
+        ConfigurationError: not one or two identifiers separated by a dot.
+    """
+    parts = table.split(".")
+    if not 1 <= len(parts) <= 2 or not all(identifier.fullmatch(p) for p in parts):
+        raise ConfigurationError(
+            f"{store} table {table!r}: use NAME or {container}.NAME made of letters, digits and _"
+        )
+    return parts, f"{parts[-1][:52]}_expires_at"
 
 
 def register_sql_package(

@@ -29,7 +29,6 @@ from urllib.parse import unquote
 
 from ..._core.errors import ConfigurationError, StoreError
 from ..._core.records import Record, Reservation, lease_token, other_owner
-from .._registry import parse_store_url
 from .._sql import load_queries
 from .._sql_ops import (
     RESERVE_ATTEMPTS,
@@ -40,6 +39,8 @@ from .._sql_ops import (
     Statement,
     record_from,
     retry_once,
+    store_url,
+    table_parts,
 )
 from .._url import StoreURL, flag, non_negative, text, whole
 
@@ -114,12 +115,7 @@ def quote_table(table: str) -> tuple[str, str, str | None, str]:
     Raises:
         ConfigurationError: not one or two identifiers separated by a dot.
     """
-    parts = table.split(".")
-    if not 1 <= len(parts) <= 2 or not all(_IDENTIFIER.fullmatch(p) for p in parts):
-        raise ConfigurationError(
-            f"mysql table {table!r}: use NAME or DATABASE.NAME made of letters, digits and _"
-        )
-    index = f"{parts[-1][:52]}_expires_at"
+    parts, index = table_parts(table, _IDENTIFIER, store="mysql", container="DATABASE")
     schema = parts[0] if len(parts) == 2 else None
     return ".".join(f"`{p}`" for p in parts), f"`{index}`", schema, parts[-1]
 
@@ -194,9 +190,7 @@ class MySQLOptions:
         Raises:
             ConfigurationError: not a mysql URL, an unknown option, or a bad value.
         """
-        parsed = parse_store_url(url) if isinstance(url, str) else url
-        if parsed.scheme not in SCHEMES:
-            raise ConfigurationError(f"not a mysql:// URL: {parsed.scheme}://...")
+        parsed = store_url(url, SCHEMES, "mysql://")
         if len(parsed.hosts) > 1:
             raise ConfigurationError("a mysql:// URL names one host")
         host, port = parsed.hosts[0] if parsed.hosts else ("127.0.0.1", None)

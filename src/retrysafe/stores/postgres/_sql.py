@@ -28,7 +28,6 @@ from typing import Any
 
 from ..._core.errors import ConfigurationError, StoreError
 from ..._core.records import Record, Reservation, lease_token, other_owner
-from .._registry import parse_store_url
 from .._sql import load_queries
 from .._sql_ops import (
     RESERVE_ATTEMPTS,
@@ -39,6 +38,8 @@ from .._sql_ops import (
     Statement,
     record_from,
     retry_once,
+    store_url,
+    table_parts,
 )
 from .._url import StoreURL, flag, non_negative, text, whole
 
@@ -152,12 +153,7 @@ def quote_table(table: str) -> tuple[str, str, str]:
     Raises:
         ConfigurationError: not one or two identifiers separated by a dot.
     """
-    parts = table.split(".")
-    if not 1 <= len(parts) <= 2 or not all(_IDENTIFIER.fullmatch(p) for p in parts):
-        raise ConfigurationError(
-            f"postgres table {table!r}: use NAME or SCHEMA.NAME made of letters, digits and _"
-        )
-    index = f"{parts[-1][:52]}_expires_at"
+    parts, index = table_parts(table, _IDENTIFIER, store="postgres", container="SCHEMA")
     return ".".join(f'"{p}"' for p in parts), f'"{index}"', table
 
 
@@ -237,9 +233,7 @@ class PostgresOptions:
         Raises:
             ConfigurationError: not a postgres URL, an unknown option, or a bad value.
         """
-        parsed = parse_store_url(url) if isinstance(url, str) else url
-        if parsed.scheme not in SCHEMES:
-            raise ConfigurationError(f"not a postgresql:// URL: {parsed.scheme}://...")
+        parsed = store_url(url, SCHEMES, "postgresql://")
         return cls(dsn=parsed.driver_url(), **{**parsed.options, **overrides})
 
 
