@@ -23,10 +23,10 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from .._core.errors import ConfigurationError, StoreUnavailableError
-from .._core.records import Record, Reservation
+from .._core.records import Record
 from ._registry import Backend, lazy_classes, parse_store_url, register_backend
 from ._url import Option, StoreURL
 
@@ -35,6 +35,7 @@ __all__ = [
     "RESERVE_ATTEMPTS",
     "ConnectionLostError",
     "Dialect",
+    "Op",
     "Query",
     "Rows",
     "Statement",
@@ -53,6 +54,8 @@ __all__ = [
     "store_url",
     "table_parts",
 ]
+
+T = TypeVar("T")
 
 PURGE_BATCH = 1000
 #: A reservation that neither wins nor finds a live record (a concurrent commit after the
@@ -95,6 +98,8 @@ class Query:
 
 
 Rows = Sequence[Sequence[Any]]
+#: An operation: yields queries, receives their rows, returns its result.
+Op = Generator[Query, Rows, T]
 
 
 class StatementSet(Protocol):
@@ -112,14 +117,13 @@ class Dialect:
 
     Attributes:
         options: the options class (``from_url(url, **options)`` builds one).
-        statements: builds the statements for an options instance.
-        reserve_op: the reservation (statements, record id, fingerprint; ``lease``, ``ttl``,
-            ``owned``), the one operation whose steps differ between the dialects.
+        statements: builds the statements for an options instance. They carry the dialect's
+            reservation (the one operation whose steps differ between the dialects) as their
+            ``reserve(record_id, fingerprint, *, lease, ttl, owned)``.
     """
 
     options: Any
     statements: Callable[[Any], StatementSet]
-    reserve_op: Callable[..., Generator[Query, Rows, Reservation]]
 
 
 def store_url(url: str | StoreURL, schemes: tuple[str, ...], label: str) -> StoreURL:

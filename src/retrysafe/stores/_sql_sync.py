@@ -11,7 +11,7 @@ owner lock and the connection of a request's transaction. A dialect's store is a
 names its :class:`~._sql_ops.Dialect` (options, statements, reservation), its driver class and
 its transaction class (a subclass of :class:`SQLTransaction` for its name); no method
 wraps another, so a store call costs what it cost when each dialect had its own facade (the
-reservation is an instance attribute, as cheap to find as a module's function).
+reservation is called as a method of the statements: as cheap to find as a module's function).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from .._core.records import Record, Reservation
 from ._base import StoreStats
 from ._sql_ops import (
     Dialect,
+    Op,
     Query,
     Rows,
     complete_op,
@@ -74,7 +75,6 @@ class SQLStore:
         self.options: Any = dialect.options.from_url(url, **options)
         self.statements: Any = dialect.statements(self.options)
         self._driver: SQLDriver = self.driver_class(self.statements)
-        self._reserve_op = dialect.reserve_op
 
     @classmethod
     def from_url(cls, url: str | StoreURL) -> Self:
@@ -96,8 +96,8 @@ class SQLStore:
         """See :meth:`retrysafe.stores.Store.reserve`."""
         driver = self._driver
         owned = driver.owner_held() or driver.hold_owner_lock()
-        op = self._reserve_op(
-            self.statements, record_id, fingerprint, lease=lease, ttl=ttl, owned=owned
+        op: Op[Reservation] = self.statements.reserve(
+            record_id, fingerprint, lease=lease, ttl=ttl, owned=owned
         )
         return drive(op, driver)
 

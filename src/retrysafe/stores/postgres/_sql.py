@@ -22,9 +22,9 @@ rows differ per driver (``_asyncpg.py``, ``_psycopg.py``).
 from __future__ import annotations
 
 import re
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from ..._core.errors import ConfigurationError, StoreError
 from ..._core.records import Record, Reservation, lease_token, other_owner
@@ -262,6 +262,11 @@ class Statements:
         options: the store's options (table name, synchronous_commit).
     """
 
+    #: :func:`reserve_op`, set below it: the SQL stores' facade calls the reservation as a
+    #: method of the statements (``q.reserve(...)`` is ``reserve_op(q, ...)``), which costs it
+    #: what calling the module's function cost when each dialect had its own facade.
+    reserve: ClassVar[Callable[..., Generator[Query, Rows, Reservation]]]
+
     def __init__(self, options: PostgresOptions) -> None:
         self.options = options
         self.synchronous_commit = options.synchronous_commit
@@ -406,6 +411,8 @@ def ensure_schema_op(q: Statements, *, only_if_missing: bool) -> Generator[Query
     yield q.query("create_index")
 
 
+Statements.reserve = reserve_op
+
 #: What the SQL stores' facade (``stores/_sql_async.py``, ``_sql_sync.py``) takes from this
 #: dialect, for both faces.
-DIALECT = Dialect(options=PostgresOptions, statements=Statements, reserve_op=reserve_op)
+DIALECT = Dialect(options=PostgresOptions, statements=Statements)
