@@ -1,11 +1,13 @@
 """MySQL and MariaDB store: one service across many app instances and hosts.
 
 ``AsyncMySQLStore`` runs on asyncmy, ``MySQLStore`` (WSGI, Django, the CLI) on PyMySQL. Both run
-the same statements (``mysql.sql``) and the same operation code (``_sql.py``). The async store
-(``_async.py``) is written over a small driver (``_asyncmy.py``: a pool, one statement on a
-pooled connection, the table, a request's transaction); the sync store (``_sync.py``) is
-generated from it and runs over ``_pymysql.py``. Importing this package registers the
-``mysql://`` and ``mariadb://`` schemes without importing either driver.
+the same statements (``mysql.sql``) and the same operation code (``_sql.py``: the options, the
+statements, the reservation; the other operations and the store's methods are the SQL stores'
+own, ``stores/_sql_ops.py`` and ``stores/_sql_async.py``, shared with PostgreSQL). The async
+store (``_async.py``) names that facade's dialect and its driver (``_asyncmy.py``: a pool, one
+statement on a pooled connection, the table, a request's transaction); the sync store
+(``_sync.py``) and its driver (``_pymysql.py``) are generated from them. Importing this package
+registers the ``mysql://`` and ``mariadb://`` schemes without importing either driver.
 
 Choices, and why:
 

@@ -2,7 +2,9 @@
 
 ``AsyncPostgresStore`` runs on asyncpg, ``PostgresStore`` (WSGI, Django, the CLI) on psycopg 3
 with ``psycopg_pool``. Both run the same statements (``postgres.sql``) and the same operation
-code (``_sql.py``). The async store (``_async.py``) is written over a small driver
+code (``_sql.py``: the options, the statements, the reservation; the other operations and the
+store's methods are the SQL stores' own, ``stores/_sql_ops.py`` and ``stores/_sql_async.py``,
+shared with MySQL). The async store (``_async.py``) names that facade's dialect and its driver
 (``_asyncpg.py``: one statement on a pooled connection, the table, the owner lock, a request's
 transaction); the sync store (``_sync.py``) is generated from it and runs over ``_psycopg.py``.
 Importing this package registers the ``postgresql://`` and ``postgres://`` schemes without
