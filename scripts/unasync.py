@@ -26,24 +26,22 @@ ROOT = Path(__file__).resolve().parent.parent
 
 Rules = list[tuple[str, str]]
 
-#: The PyMySQL driver's pool look-up: one pool per process shared by its threads, so it is made
-#: under a lock, and published only once the table is there (the asyncmy driver's is per loop).
-PYMYSQL_CURRENT = """        pool = self._pool
-        if pool is not None and pool.pid == os.getpid() and not pool.closed:
-            return pool
-        with self._lock:
-            pool = self._pool
-            if pool is not None and pool.pid == os.getpid() and not pool.closed:
-                return pool
-            # First use or a forked child: a fresh pool. A parent's connections are dropped,
-            # never closed (closing would end the parent's sessions).
-            pool = _Pool(self.options)
-            if not self._schema_done:
-                await self._ensure_schema(pool, only_if_missing=True)
-                self._schema_done = True
-            self._pool = pool
-        return pool
-"""
+
+def _pointer(twin: str, source: str, driver: str = "") -> tuple[str, str]:
+    """The rule that turns an async source's paragraph naming its twin ("The sync twin,
+    ``twin`` (driver), is generated from this file by ... then run the script.", wrapped
+    anywhere) into the twin's paragraph naming its source."""
+    note = f" ({driver})" if driver else ""
+    words = (
+        f"The sync twin, ``{twin}``{note}, is generated from this file by ``scripts/unasync.py`` "
+        "(``make lint`` checks that it is up to date): edit this file, then run the script."
+    )
+    return (
+        r"\s+".join(re.escape(word) for word in words.split()),
+        f"This file is generated from ``{source}`` by ``scripts/unasync.py``\n(``make lint`` "
+        "checks that it is up to date): edit that file, then run the script.",
+    )
+
 
 #: Applied to every file, after its own rules.
 SHARED: Rules = [
@@ -245,13 +243,7 @@ TWINS = [
                 r"\(``postgres/_asyncpg\.py``, ``mysql/_asyncmy\.py``\)",
                 "(``postgres/_psycopg.py``, ``mysql/_pymysql.py``)",
             ),
-            (
-                r"The sync twin, ``_sql_sync\.py``, is generated from this file by "
-                r"``scripts/unasync\.py``\n\(``make lint`` checks that it is up to date\): edit "
-                r"this file, then run the script\.",
-                "This file is generated from ``_sql_async.py`` by ``scripts/unasync.py`` (``make "
-                "lint``\nchecks that it is up to date): edit that file, then run the script.",
-            ),
+            _pointer("_sql_sync.py", "_sql_async.py"),
             (r"\bAsyncSQL(Driver|Store|Transaction)\b", r"SQL\1"),
             (r"\bAsync(Postgres|MySQL)Store\b", r"\1Store"),
             (r"\bAsyncStore\b", "Store"),
@@ -268,13 +260,7 @@ TWINS = [
             f"src/retrysafe/stores/{package}/_sync.py",
             [
                 (r'^"""The async (\w+) store:', r'"""The sync \1 store:'),
-                (
-                    rf"The sync twin, ``_sync\.py`` \({sync}\), is generated from this file by "
-                    r"``scripts/unasync\.py``\n\(``make lint`` checks that it is up to date\): "
-                    r"edit this file, then run the script\.",
-                    "This file is generated from ``_async.py`` by ``scripts/unasync.py`` (``make "
-                    "lint`` checks\nthat it is up to date): edit that file, then run the script.",
-                ),
+                _pointer("_sync.py", "_async.py", sync),
                 (rf"\bAsync({dialect}Store|{dialect}Transaction|SQLStore|SQLTransaction)\b", r"\1"),
                 (rf"\b{driver}\b", f"{sync_driver}"),
                 (rf"\b_{module}\b", f"_{sync_module}"),
@@ -299,13 +285,7 @@ TWINS = [
         "src/retrysafe/stores/mysql/_asyncmy.py",
         "src/retrysafe/stores/mysql/_pymysql.py",
         [
-            (
-                r"The sync twin, ``_pymysql\.py`` \(PyMySQL, whose API asyncmy follows\), is "
-                r"generated from this\nfile by ``scripts/unasync\.py`` \(``make lint`` checks that "
-                r"it is up to date\): edit this file,\nthen run the script\. ",
-                "This file is generated from ``_asyncmy.py`` by ``scripts/unasync.py`` (``make "
-                "lint`` checks\nthat it is up to date): edit that file, then run the script.\n",
-            ),
+            _pointer("_pymysql.py", "_asyncmy.py", "PyMySQL, whose API asyncmy follows"),
             (r"connections per event loop and process,", "connections per process (thread-safe),"),
             (r"^import asyncmy$", "import pymysql"),
             (r"\basyncmy\.errors\.InterfaceError\b", "pymysql.err.InterfaceError"),
@@ -338,10 +318,22 @@ TWINS = [
                 r"(self\._schema_done = not self\.options\.auto_create)",
                 r"\1\n        self._lock = threading.Lock()",
             ),
+            # The pool look-up: one pool per process, shared by its threads, so a fresh one is
+            # made under a lock (checked again inside) and published once its table is there.
+            (r"\n +and pool\.loop is asyncio\.get_running_loop\(\)", ""),
             (
-                r"(?s)(    async def _current\(self\) -> _Pool:\n).*?"
-                r"(\n    async def _ensure_schema)",
-                r"\1" + PYMYSQL_CURRENT + r"\2",
+                r"(?s)\n        if (\(.*?\)):\n            return pool\n"
+                r"        # First use.*?here\.\n"
+                r"        pool = self\._pool = (_Pool\(self\.options\))\n"
+                r"        if not self\._schema_done:\n +(await self\._ensure_schema\(.*?\))\n"
+                r" +self\._schema_done = True\n        return pool",
+                "\n        if \\1:\n            return pool\n        with self._lock:\n"
+                "            pool = self._pool\n            if \\1:\n                return pool\n"
+                "            # First use or a forked child: a fresh pool. A parent's connections "
+                "are dropped,\n            # never closed (closing would end the parent's "
+                "sessions).\n            pool = \\2\n            if not self._schema_done:\n"
+                "                \\3\n                self._schema_done = True\n"
+                "            self._pool = pool\n        return pool",
             ),
             (
                 r"pool = await self\._current\(\)\n        what = ",

@@ -2,8 +2,8 @@
 """The sync face of the server SQL stores (PostgreSQL, MySQL/MariaDB): the store's logic, once,
 over a dialect (its ``_sql.py``) and its driver (``postgres/_psycopg.py``, ``mysql/_pymysql.py``).
 
-This file is generated from ``_sql_async.py`` by ``scripts/unasync.py`` (``make lint``
-checks that it is up to date): edit that file, then run the script.
+This file is generated from ``_sql_async.py`` by ``scripts/unasync.py``
+(``make lint`` checks that it is up to date): edit that file, then run the script.
 
 Each operation is a generator of ``_sql_ops.py`` (or the dialect's own ``reserve_op``) run by
 the one action loop, its statements sent through the driver; the driver owns the pool, the

@@ -3,9 +3,11 @@ driver's own; the store's logic is in the facade and in ``_sql.py``).
 
 The sync twin, ``_pymysql.py`` (PyMySQL, whose API asyncmy follows), is generated from this
 file by ``scripts/unasync.py`` (``make lint`` checks that it is up to date): edit this file,
-then run the script. The script's rules hold what differs: the pool's scope (an event loop on
-the async face; a process, shared by its threads under a lock, on the sync one) and how a dead
-idle connection is told (the transport's state; a zero-timeout poll of the socket).
+then run the script.
+
+The script's rules hold what differs: the pool's scope (an event loop on the async face; a
+process, shared by its threads under a lock, on the sync one) and how a dead idle connection is
+told (the transport's state; a zero-timeout poll of the socket).
 
 It keeps a small pool of connections per event loop and process, sends one statement on a
 pooled connection (:meth:`AsyncmyDriver.perform`), creates the table, and runs a request's

@@ -2,11 +2,12 @@
 """The PyMySQL driver under :class:`~retrysafe.stores.mysql.MySQLStore` (what is the
 driver's own; the store's logic is in the facade and in ``_sql.py``).
 
-This file is generated from ``_asyncmy.py`` by ``scripts/unasync.py`` (``make lint`` checks
-that it is up to date): edit that file, then run the script.
-The script's rules hold what differs: the pool's scope (an event loop on
-the async face; a process, shared by its threads under a lock, on the sync one) and how a dead
-idle connection is told (the transport's state; a zero-timeout poll of the socket).
+This file is generated from ``_asyncmy.py`` by ``scripts/unasync.py``
+(``make lint`` checks that it is up to date): edit that file, then run the script.
+
+The script's rules hold what differs: the pool's scope (an event loop on the async face; a
+process, shared by its threads under a lock, on the sync one) and how a dead idle connection is
+told (the transport's state; a zero-timeout poll of the socket).
 
 It keeps a small pool of connections per process (thread-safe), sends one statement on a
 pooled connection (:meth:`PyMySQLDriver.perform`), creates the table, and runs a request's

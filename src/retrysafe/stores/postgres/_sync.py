@@ -3,8 +3,8 @@
 driver (``_psycopg.py``) and PostgreSQL's dialect (``_sql.py``: options, statements, the
 reservation).
 
-This file is generated from ``_async.py`` by ``scripts/unasync.py`` (``make lint`` checks
-that it is up to date): edit that file, then run the script.
+This file is generated from ``_async.py`` by ``scripts/unasync.py``
+(``make lint`` checks that it is up to date): edit that file, then run the script.
 """
 
 from __future__ import annotations
