@@ -26,6 +26,23 @@ ROOT = Path(__file__).resolve().parent.parent
 
 Rules = list[tuple[str, str]]
 
+
+def _pointer(twin: str, source: str, driver: str = "") -> tuple[str, str]:
+    """The rule that turns an async source's paragraph naming its twin ("The sync twin,
+    ``twin`` (driver), is generated from this file by ... then run the script.", wrapped
+    anywhere) into the twin's paragraph naming its source."""
+    note = f" ({driver})" if driver else ""
+    words = (
+        f"The sync twin, ``{twin}``{note}, is generated from this file by ``scripts/unasync.py`` "
+        "(``make lint`` checks that it is up to date): edit this file, then run the script."
+    )
+    return (
+        r"\s+".join(re.escape(word) for word in words.split()),
+        f"This file is generated from ``{source}`` by ``scripts/unasync.py``\n(``make lint`` "
+        "checks that it is up to date): edit that file, then run the script.",
+    )
+
+
 #: Applied to every file, after its own rules.
 SHARED: Rules = [
     (r"\basync def\b", "def"),
@@ -215,44 +232,131 @@ TWINS = [
         ],
     ),
     Twin(
-        "src/retrysafe/stores/postgres/_async.py",
-        "src/retrysafe/stores/postgres/_sync.py",
+        "src/retrysafe/stores/_sql_async.py",
+        "src/retrysafe/stores/_sql_sync.py",
         [
-            (r'^"""The async PostgreSQL store:', '"""The sync PostgreSQL store:'),
             (
-                r"The sync twin, ``_sync\.py`` \(psycopg\), is generated from this file by "
-                r"``scripts/unasync\.py``\n\(``make lint`` checks that it is up to date\): edit "
-                r"this file, then run the script\.",
-                "This file is generated from ``_async.py`` by ``scripts/unasync.py`` (``make "
-                "lint`` checks\nthat it is up to date): edit that file, then run the script.",
+                r'^"""The async face of the server SQL stores',
+                '"""The sync face of the server SQL stores',
             ),
-            (r"\bAsyncPostgresStore\b", "PostgresStore"),
-            (r"\bAsyncPostgresTransaction\b", "PostgresTransaction"),
-            (r"\bAsyncpgDriver\b", "PsycopgDriver"),
-            (r"\b_asyncpg\b", "_psycopg"),
-            (r"\basyncpg\b", "psycopg"),
+            (
+                r"\(``postgres/_asyncpg\.py``, ``mysql/_asyncmy\.py``\)",
+                "(``postgres/_psycopg.py``, ``mysql/_pymysql.py``)",
+            ),
+            _pointer("_sql_sync.py", "_sql_async.py"),
+            (r"\bAsyncSQL(Driver|Store|Transaction)\b", r"SQL\1"),
+            (r"\bAsync(Postgres|MySQL)Store\b", r"\1Store"),
             (r"\bAsyncStore\b", "Store"),
-            (r" \(waits up to 10 s for connections in use, then terminates them\)", ""),
+            (r" \(asyncpg\n\s*waits up to 10 s for them, then terminates them\)", ""),
+            (
+                r"``asyncpg\.Connection``, ``asyncmy\.Connection``",
+                "``psycopg.Connection``, ``pymysql.Connection``",
+            ),
         ],
     ),
-    Twin(
-        "src/retrysafe/stores/mysql/_async.py",
-        "src/retrysafe/stores/mysql/_sync.py",
-        [
-            (r'^"""The async MySQL store:', '"""The sync MySQL store:'),
+    *(
+        Twin(
+            f"src/retrysafe/stores/{package}/_async.py",
+            f"src/retrysafe/stores/{package}/_sync.py",
+            [
+                (r'^"""The async (\w+) store:', r'"""The sync \1 store:'),
+                _pointer("_sync.py", "_async.py", sync),
+                (rf"\bAsync({dialect}Store|{dialect}Transaction|SQLStore|SQLTransaction)\b", r"\1"),
+                (rf"\b{driver}\b", f"{sync_driver}"),
+                (rf"\b_{module}\b", f"_{sync_module}"),
+                (rf"\b{module}\b", sync),
+                (r"\b_sql_async\b", "_sql_sync"),
+            ],
+        )
+        for package, dialect, driver, module, sync_driver, sync_module, sync in (
             (
-                r"The sync twin, ``_sync\.py`` \(PyMySQL\), is generated from this file by "
-                r"``scripts/unasync\.py``\n\(``make lint`` checks that it is up to date\): edit "
-                r"this file, then run the script\.",
-                "This file is generated from ``_async.py`` by ``scripts/unasync.py`` (``make "
-                "lint`` checks\nthat it is up to date): edit that file, then run the script.",
+                "postgres",
+                "Postgres",
+                "AsyncpgDriver",
+                "asyncpg",
+                "PsycopgDriver",
+                "psycopg",
+                "psycopg",
             ),
+            ("mysql", "MySQL", "AsyncmyDriver", "asyncmy", "PyMySQLDriver", "pymysql", "PyMySQL"),
+        )
+    ),
+    Twin(
+        "src/retrysafe/stores/mysql/_asyncmy.py",
+        "src/retrysafe/stores/mysql/_pymysql.py",
+        [
+            _pointer("_pymysql.py", "_asyncmy.py", "PyMySQL, whose API asyncmy follows"),
+            (r"connections per event loop and process,", "connections per process (thread-safe),"),
+            (r"^import asyncmy$", "import pymysql"),
+            (r"\basyncmy\.errors\.InterfaceError\b", "pymysql.err.InterfaceError"),
+            (r"\basyncmy\.connect\(", "pymysql.connect("),
+            (
+                r"\(asyncmy's transport state\)\.\"\"\"\n    try:\n.*\n"
+                r"    except Exception:\n        return True",
+                '(a zero-timeout poll of its socket)."""\n    return _owner.session_ended(conn)',
+            ),
+            (
+                r"Connections of one event loop in one process:",
+                "Connections of one process, shared by its threads:",
+            ),
+            (r"\n +self\.loop = asyncio\.get_running_loop\(\)", ""),
+            (r"\basyncio\.Semaphore\(", "threading.BoundedSemaphore("),
+            (r"connect_kwargs\(\)", "connect_kwargs(timeouts=True)"),
+            (
+                r"try:\n +async with asyncio\.timeout\(self\.options\.pool_timeout\):\n +await "
+                r"self\.slots\.acquire\(\)\n +except TimeoutError:",
+                "if not self.slots.acquire(timeout=self.options.pool_timeout):",
+            ),
+            (r"if discard or self\.closed or _broken\(conn\):", "if discard or self.closed:"),
+            (
+                r"try:\n +await asyncio\.wait_for\(conn\.ensure_closed\(\), 1\.0\)\n +except "
+                r"Exception:\n +_close\(conn\)",
+                "_close(conn)",
+            ),
+            (r"pooled per event loop and process", "pooled per process"),
+            (
+                r"(self\._schema_done = not self\.options\.auto_create)",
+                r"\1\n        self._lock = threading.Lock()",
+            ),
+            # The pool look-up: one pool per process, shared by its threads, so a fresh one is
+            # made under a lock (checked again inside) and published once its table is there.
+            (r"\n +and pool\.loop is asyncio\.get_running_loop\(\)", ""),
+            (
+                r"(?s)\n        if (\(.*?\)):\n            return pool\n"
+                r"        # First use.*?here\.\n"
+                r"        pool = self\._pool = (_Pool\(self\.options\))\n"
+                r"        if not self\._schema_done:\n +(await self\._ensure_schema\(.*?\))\n"
+                r" +self\._schema_done = True\n        return pool",
+                "\n        if \\1:\n            return pool\n        with self._lock:\n"
+                "            pool = self._pool\n            if \\1:\n                return pool\n"
+                "            # First use or a forked child: a fresh pool. A parent's connections "
+                "are dropped,\n            # never closed (closing would end the parent's "
+                "sessions).\n            pool = \\2\n            if not self._schema_done:\n"
+                "                \\3\n                self._schema_done = True\n"
+                "            self._pool = pool\n        return pool",
+            ),
+            (
+                r"pool = await self\._current\(\)\n        what = ",
+                "pool = self._pool\n"
+                "        if pool is None or pool.pid != os.getpid() or pool.closed:\n"
+                "            pool = self._current()\n        what = ",
+            ),
+            (
+                r"; its one connect and statement run\n +in a worker thread, once per "
+                r"process\.\"\"\"\n +return await asyncio\.to_thread\(_owner\.hold, ",
+                '."""\n        return _owner.hold(',
+            ),
+            (
+                r"this loop's pool\.\"\"\"\n +pool, self\._pool = self\._pool, None\n(.*)\n"
+                r" +if pool\.loop is asyncio\.get_running_loop\(\):\n +await pool\.aclose\(\)\n"
+                r" +else:\n +pool\.closed = True",
+                'the pool."""\n        with self._lock:\n'
+                "            pool, self._pool = self._pool, None\n\\1\n            pool.close()",
+            ),
+            (r"if _broken\(tx\.conn\):\n", "if tx.conn._sock is None:\n"),
             (r"\bAsyncMySQLStore\b", "MySQLStore"),
-            (r"\bAsyncMySQLTransaction\b", "MySQLTransaction"),
             (r"\bAsyncmyDriver\b", "PyMySQLDriver"),
-            (r"\b_asyncmy\b", "_pymysql"),
             (r"\basyncmy\b", "PyMySQL"),
-            (r"\bAsyncStore\b", "Store"),
         ],
     ),
     Twin(

@@ -1,11 +1,13 @@
 """MySQL and MariaDB store: one service across many app instances and hosts.
 
 ``AsyncMySQLStore`` runs on asyncmy, ``MySQLStore`` (WSGI, Django, the CLI) on PyMySQL. Both run
-the same statements (``mysql.sql``) and the same operation code (``_sql.py``). The async store
-(``_async.py``) is written over a small driver (``_asyncmy.py``: a pool, one statement on a
-pooled connection, the table, a request's transaction); the sync store (``_sync.py``) is
-generated from it and runs over ``_pymysql.py``. Importing this package registers the
-``mysql://`` and ``mariadb://`` schemes without importing either driver.
+the same statements (``mysql.sql``) and the same operation code (``_sql.py``: the options, the
+statements, the reservation; the other operations and the store's methods are the SQL stores'
+own, ``stores/_sql_ops.py`` and ``stores/_sql_async.py``, shared with PostgreSQL). The async
+store (``_async.py``) names that facade's dialect and its driver (``_asyncmy.py``: a pool, one
+statement on a pooled connection, the table, a request's transaction); the sync store
+(``_sync.py``) and its driver (``_pymysql.py``) are generated from them. Importing this package
+registers the ``mysql://`` and ``mariadb://`` schemes without importing either driver.
 
 Choices, and why:
 
@@ -53,7 +55,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .._registry import Backend, lazy_classes, register_backend
+from .._sql_ops import register_sql_package
 from ._sql import SCHEMES, URL_OPTIONS, MySQLOptions
 
 if TYPE_CHECKING:
@@ -68,23 +70,5 @@ __all__ = [
     "MySQLTransaction",
 ]
 
-BACKEND = Backend(
-    name="mysql",
-    schemes=SCHEMES,
-    store="retrysafe.stores.mysql._sync:MySQLStore",
-    async_store="retrysafe.stores.mysql._async:AsyncMySQLStore",
-    options=URL_OPTIONS,
-    extra="mysql",
-)
-register_backend(BACKEND)
-
 # The store classes import their driver: loaded on first use, not by the registration.
-__getattr__ = lazy_classes(
-    __name__,
-    {
-        "AsyncMySQLStore": "_async",
-        "AsyncMySQLTransaction": "_async",
-        "MySQLStore": "_sync",
-        "MySQLTransaction": "_sync",
-    },
-)
+BACKEND, __getattr__ = register_sql_package(__name__, "mysql", "MySQL", SCHEMES, URL_OPTIONS)

@@ -1,5 +1,13 @@
-"""The asyncmy driver under :class:`~retrysafe.stores.mysql.AsyncMySQLStore` (hand-written:
-what is asyncmy's own; the store's logic is in the facade and in ``_sql.py``).
+"""The asyncmy driver under :class:`~retrysafe.stores.mysql.AsyncMySQLStore` (what is the
+driver's own; the store's logic is in the facade and in ``_sql.py``).
+
+The sync twin, ``_pymysql.py`` (PyMySQL, whose API asyncmy follows), is generated from this
+file by ``scripts/unasync.py`` (``make lint`` checks that it is up to date): edit this file,
+then run the script.
+
+The script's rules hold what differs: the pool's scope (an event loop on the async face; a
+process, shared by its threads under a lock, on the sync one) and how a dead idle connection is
+told (the transport's state; a zero-timeout poll of the socket).
 
 It keeps a small pool of connections per event loop and process, sends one statement on a
 pooled connection (:meth:`AsyncmyDriver.perform`), creates the table, and runs a request's
@@ -13,21 +21,18 @@ import asyncio
 import logging
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import asyncmy
-from asyncmy import errors as asyncmy_errors
 
 from ..._core.drive import drive
 from ..._core.errors import StoreError, StoreUnavailableError
+from .._sql_ops import ConnectionLostError, Query, Rows
 from . import _owner
 from ._sql import (
     STORE_NAME,
-    ConnectionLostError,
     MySQLOptions,
-    Query,
     RetryableError,
-    Rows,
     Statements,
     ensure_schema_op,
     error_kind,
@@ -39,7 +44,7 @@ logger = logging.getLogger("retrysafe.stores.mysql")
 
 
 def _error(exc: BaseException, *, established: bool, what: str) -> StoreError:
-    """Translate an asyncmy/socket error (``established``: it came from an open connection,
+    """Translate a driver or socket error (``established``: it came from an open connection,
     so it may be a lost one)."""
     message = f"MySQL {what} failed: {type(exc).__name__}: {exc}"
     code = exc.args[0] if exc.args and isinstance(exc.args[0], int) else None
@@ -51,12 +56,33 @@ def _error(exc: BaseException, *, established: bool, what: str) -> StoreError:
         return lost(message, store=STORE_NAME)
     if kind == "unavailable" or isinstance(exc, TimeoutError):
         return StoreUnavailableError(message, store=STORE_NAME)
-    if isinstance(exc, OSError | asyncmy_errors.InterfaceError):
+    if isinstance(exc, OSError | asyncmy.errors.InterfaceError):
         return lost(message, store=STORE_NAME)
     return StoreError(message, store=STORE_NAME)
 
 
+def _raise(
+    exc: BaseException, *, what: str, established: bool = False, tx: _Tx | None = None
+) -> NoReturn:
+    """Raise what ``exc`` (just caught) means: itself when it is no ``Exception`` (a
+    cancellation), else its :class:`~retrysafe.StoreError`. A transaction ``tx`` it happened in
+    is marked failed: its connection is discarded, never reused in an unknown state."""
+    if tx is not None:
+        tx.failed = True
+    if not isinstance(exc, Exception):
+        raise exc
+    raise _error(exc, established=established, what=what) from exc
+
+
+def _close(conn: Any) -> None:
+    try:
+        conn.close()
+    except Exception as exc:  # already closed, or the server is gone
+        logger.debug("closing a MySQL connection: %s", exc)
+
+
 def _broken(conn: Any) -> bool:
+    """Whether ``conn``'s session is gone (asyncmy's transport state)."""
     try:
         return bool(conn._stream_broken) or not conn.connected
     except Exception:
@@ -64,13 +90,14 @@ def _broken(conn: Any) -> bool:
 
 
 async def _run(conn: Any, query: Query) -> Rows:
-    """One statement: its rows, or one row holding its affected-row count."""
+    """One statement: its rows; a write's: one row holding its affected-row count, or none
+    when it changed no row (so ``bool(rows)`` is whether it took effect, as on PostgreSQL)."""
     async with conn.cursor() as cur:
         count = await cur.execute(query.statement.sql, query.args)
         if query.statement.returns_rows:
             rows: Rows = await cur.fetchall()
             return rows
-        return ((count,),)
+        return ((count,),) if count else ()
 
 
 class _Pool:
@@ -83,24 +110,28 @@ class _Pool:
         self.idle: list[Any] = []
         self.slots = asyncio.Semaphore(options.max_size)
         self.closed = False
+        self.kwargs = options.connect_kwargs()
 
     async def acquire(self, what: str) -> Any:
         try:
             async with asyncio.timeout(self.options.pool_timeout):
                 await self.slots.acquire()
-        except TimeoutError as exc:
+        except TimeoutError:
             raise StoreUnavailableError(
                 f"MySQL {what} failed: no free connection within {self.options.pool_timeout:g} s",
                 store=STORE_NAME,
-            ) from exc
+            ) from None
         try:
-            while self.idle:
-                conn = self.idle.pop()
+            while True:
+                try:
+                    conn = self.idle.pop()  # atomic under the GIL
+                except IndexError:
+                    break
                 if not _broken(conn):
                     return conn
-                conn.close()
+                _close(conn)
             try:
-                return await asyncmy.connect(**self.options.connect_kwargs())
+                return await asyncmy.connect(**self.kwargs)
             except Exception as exc:
                 raise _error(exc, established=False, what=what) from exc
         except BaseException:
@@ -109,7 +140,7 @@ class _Pool:
 
     def release(self, conn: Any, *, discard: bool = False) -> None:
         if discard or self.closed or _broken(conn):
-            conn.close()
+            _close(conn)
         else:
             self.idle.append(conn)
         self.slots.release()
@@ -121,7 +152,7 @@ class _Pool:
             try:
                 await asyncio.wait_for(conn.ensure_closed(), 1.0)
             except Exception:
-                conn.close()
+                _close(conn)
 
 
 @dataclass(slots=True)
@@ -145,18 +176,14 @@ class _Tx:
 
 
 class AsyncmyDriver:
-    """asyncmy connections, pooled per event loop and process (opened on first use).
+    """asyncmy connections, pooled per event loop and process (opened on first use), for the
+    store's ``statements`` (their ``options`` are the store's)."""
 
-    Args:
-        options: the store's options.
-        statements: the store's statements.
-    """
-
-    def __init__(self, options: MySQLOptions, statements: Statements) -> None:
-        self.options = options
+    def __init__(self, statements: Statements) -> None:
         self.statements = statements
+        self.options: MySQLOptions = statements.options
         self._pool: _Pool | None = None
-        self._schema_done = not options.auto_create
+        self._schema_done = not self.options.auto_create
 
     async def _current(self) -> _Pool:
         pool = self._pool
@@ -205,9 +232,7 @@ class AsyncmyDriver:
         except BaseException as exc:
             # Failed or cancelled mid-statement: its protocol state is unknown.
             pool.release(conn, discard=True)
-            if not isinstance(exc, Exception):
-                raise
-            raise _error(exc, established=True, what=what) from exc
+            _raise(exc, established=True, what=what)
         pool.release(conn)
         return rows
 
@@ -243,9 +268,7 @@ class AsyncmyDriver:
             await conn.begin()
         except BaseException as exc:
             pool.release(conn, discard=True)
-            if not isinstance(exc, Exception):
-                raise
-            raise _error(exc, established=False, what="begin") from exc
+            _raise(exc, what="begin")
         return _Tx(pool, conn)
 
     async def tx_fetch(self, tx: _Tx, query: Query) -> Rows:
@@ -253,10 +276,7 @@ class AsyncmyDriver:
         try:
             return await _run(tx.conn, query)
         except BaseException as exc:
-            tx.failed = True
-            if not isinstance(exc, Exception):
-                raise
-            raise _error(exc, established=False, what=query.statement.name) from exc
+            _raise(exc, what=query.statement.name, tx=tx)
 
     async def commit(self, tx: _Tx) -> None:
         """Commit the transaction."""
@@ -264,10 +284,7 @@ class AsyncmyDriver:
         try:
             await tx.conn.commit()
         except BaseException as exc:
-            tx.failed = True
-            if not isinstance(exc, Exception):
-                raise
-            raise _error(exc, established=False, what="commit") from exc
+            _raise(exc, what="commit", tx=tx)
 
     async def rollback(self, tx: _Tx) -> None:
         """Roll the transaction back (nothing when it has ended)."""
@@ -280,10 +297,7 @@ class AsyncmyDriver:
         try:
             await tx.conn.rollback()
         except BaseException as exc:
-            tx.failed = True
-            if not isinstance(exc, Exception):
-                raise
-            raise _error(exc, established=False, what="rollback") from exc
+            _raise(exc, what="rollback", tx=tx)
 
     async def end(self, tx: _Tx) -> None:
         """Roll back anything not committed and give the connection back to the pool, or

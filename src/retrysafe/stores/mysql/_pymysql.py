@@ -1,9 +1,18 @@
-"""The PyMySQL driver under :class:`~retrysafe.stores.mysql.MySQLStore` (hand-written: what is
-PyMySQL's own; the store's logic is in the facade and in ``_sql.py``).
+# Generated from src/retrysafe/stores/mysql/_asyncmy.py by scripts/unasync.py: do not edit.
+"""The PyMySQL driver under :class:`~retrysafe.stores.mysql.MySQLStore` (what is the
+driver's own; the store's logic is in the facade and in ``_sql.py``).
 
-The same jobs as ``_asyncmy.py`` with a thread-safe pool of its own (PyMySQL has none): one
-statement on a pooled connection, the table, a request's transaction. Errors leave it as
-:class:`~retrysafe.StoreError`.
+This file is generated from ``_asyncmy.py`` by ``scripts/unasync.py``
+(``make lint`` checks that it is up to date): edit that file, then run the script.
+
+The script's rules hold what differs: the pool's scope (an event loop on the async face; a
+process, shared by its threads under a lock, on the sync one) and how a dead idle connection is
+told (the transport's state; a zero-timeout poll of the socket).
+
+It keeps a small pool of connections per process (thread-safe), sends one statement on a
+pooled connection (:meth:`PyMySQLDriver.perform`), creates the table, and runs a request's
+transaction. Errors leave it as :class:`~retrysafe.StoreError` (``ConnectionLostError`` when an
+established connection broke, so the operation may repeat the statement).
 """
 
 from __future__ import annotations
@@ -12,20 +21,18 @@ import logging
 import os
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import pymysql
 
 from ..._core.drive_sync import drive
 from ..._core.errors import StoreError, StoreUnavailableError
+from .._sql_ops import ConnectionLostError, Query, Rows
 from . import _owner
 from ._sql import (
     STORE_NAME,
-    ConnectionLostError,
     MySQLOptions,
-    Query,
     RetryableError,
-    Rows,
     Statements,
     ensure_schema_op,
     error_kind,
@@ -37,8 +44,8 @@ logger = logging.getLogger("retrysafe.stores.mysql")
 
 
 def _error(exc: BaseException, *, established: bool, what: str) -> StoreError:
-    """Translate a PyMySQL/socket error (``established``: it came from an open connection, so
-    it may be a lost one)."""
+    """Translate a driver or socket error (``established``: it came from an open connection,
+    so it may be a lost one)."""
     message = f"MySQL {what} failed: {type(exc).__name__}: {exc}"
     code = exc.args[0] if exc.args and isinstance(exc.args[0], int) else None
     lost: type[StoreError] = ConnectionLostError if established else StoreUnavailableError
@@ -54,14 +61,40 @@ def _error(exc: BaseException, *, established: bool, what: str) -> StoreError:
     return StoreError(message, store=STORE_NAME)
 
 
+def _raise(
+    exc: BaseException, *, what: str, established: bool = False, tx: _Tx | None = None
+) -> NoReturn:
+    """Raise what ``exc`` (just caught) means: itself when it is no ``Exception`` (a
+    cancellation), else its :class:`~retrysafe.StoreError`. A transaction ``tx`` it happened in
+    is marked failed: its connection is discarded, never reused in an unknown state."""
+    if tx is not None:
+        tx.failed = True
+    if not isinstance(exc, Exception):
+        raise exc
+    raise _error(exc, established=established, what=what) from exc
+
+
+def _close(conn: Any) -> None:
+    try:
+        conn.close()
+    except Exception as exc:  # already closed, or the server is gone
+        logger.debug("closing a MySQL connection: %s", exc)
+
+
+def _broken(conn: Any) -> bool:
+    """Whether ``conn``'s session is gone (a zero-timeout poll of its socket)."""
+    return _owner.session_ended(conn)
+
+
 def _run(conn: Any, query: Query) -> Rows:
-    """One statement: its rows, or one row holding its affected-row count."""
+    """One statement: its rows; a write's: one row holding its affected-row count, or none
+    when it changed no row (so ``bool(rows)`` is whether it took effect, as on PostgreSQL)."""
     with conn.cursor() as cur:
         count = cur.execute(query.statement.sql, query.args)
         if query.statement.returns_rows:
             rows: Rows = cur.fetchall()
             return rows
-        return ((count,),)
+        return ((count,),) if count else ()
 
 
 class _Pool:
@@ -73,24 +106,21 @@ class _Pool:
         self.idle: list[Any] = []
         self.slots = threading.BoundedSemaphore(options.max_size)
         self.closed = False
-        self.kwargs = options.connect_kwargs()
-        if options.read_timeout:
-            self.kwargs["read_timeout"] = options.read_timeout
-            self.kwargs["write_timeout"] = options.read_timeout
+        self.kwargs = options.connect_kwargs(timeouts=True)
 
     def acquire(self, what: str) -> Any:
         if not self.slots.acquire(timeout=self.options.pool_timeout):
             raise StoreUnavailableError(
                 f"MySQL {what} failed: no free connection within {self.options.pool_timeout:g} s",
                 store=STORE_NAME,
-            )
+            ) from None
         try:
             while True:
                 try:
                     conn = self.idle.pop()  # atomic under the GIL
                 except IndexError:
                     break
-                if not _owner.session_ended(conn):
+                if not _broken(conn):
                     return conn
                 _close(conn)
             try:
@@ -115,13 +145,6 @@ class _Pool:
             _close(conn)
 
 
-def _close(conn: Any) -> None:
-    try:
-        conn.close()
-    except Exception as exc:  # already closed, or the server is gone
-        logger.debug("closing a MySQL connection: %s", exc)
-
-
 @dataclass(slots=True)
 class _OnConnection:
     """Statements on one connection (the schema's), for :func:`drive`."""
@@ -143,19 +166,15 @@ class _Tx:
 
 
 class PyMySQLDriver:
-    """PyMySQL connections, pooled per process (opened on first use).
+    """PyMySQL connections, pooled per process (opened on first use), for the
+    store's ``statements`` (their ``options`` are the store's)."""
 
-    Args:
-        options: the store's options.
-        statements: the store's statements.
-    """
-
-    def __init__(self, options: MySQLOptions, statements: Statements) -> None:
-        self.options = options
+    def __init__(self, statements: Statements) -> None:
         self.statements = statements
+        self.options: MySQLOptions = statements.options
         self._pool: _Pool | None = None
+        self._schema_done = not self.options.auto_create
         self._lock = threading.Lock()
-        self._schema_done = not options.auto_create
 
     def _current(self) -> _Pool:
         pool = self._pool
@@ -172,7 +191,7 @@ class PyMySQLDriver:
                 self._ensure_schema(pool, only_if_missing=True)
                 self._schema_done = True
             self._pool = pool
-            return pool
+        return pool
 
     def _ensure_schema(self, pool: _Pool, *, only_if_missing: bool) -> None:
         conn = pool.acquire("schema set-up")
@@ -203,10 +222,9 @@ class PyMySQLDriver:
         try:
             rows = _run(conn, query)
         except BaseException as exc:
+            # Failed or cancelled mid-statement: its protocol state is unknown.
             pool.release(conn, discard=True)
-            if not isinstance(exc, Exception):
-                raise
-            raise _error(exc, established=True, what=what) from exc
+            _raise(exc, established=True, what=what)
         pool.release(conn)
         return rows
 
@@ -239,9 +257,7 @@ class PyMySQLDriver:
             conn.begin()
         except BaseException as exc:
             pool.release(conn, discard=True)
-            if not isinstance(exc, Exception):
-                raise
-            raise _error(exc, established=False, what="begin") from exc
+            _raise(exc, what="begin")
         return _Tx(pool, conn)
 
     def tx_fetch(self, tx: _Tx, query: Query) -> Rows:
@@ -249,10 +265,7 @@ class PyMySQLDriver:
         try:
             return _run(tx.conn, query)
         except BaseException as exc:
-            tx.failed = True
-            if not isinstance(exc, Exception):
-                raise
-            raise _error(exc, established=False, what=query.statement.name) from exc
+            _raise(exc, what=query.statement.name, tx=tx)
 
     def commit(self, tx: _Tx) -> None:
         """Commit the transaction."""
@@ -260,10 +273,7 @@ class PyMySQLDriver:
         try:
             tx.conn.commit()
         except BaseException as exc:
-            tx.failed = True
-            if not isinstance(exc, Exception):
-                raise
-            raise _error(exc, established=False, what="commit") from exc
+            _raise(exc, what="commit", tx=tx)
 
     def rollback(self, tx: _Tx) -> None:
         """Roll the transaction back (nothing when it has ended)."""
@@ -276,10 +286,7 @@ class PyMySQLDriver:
         try:
             tx.conn.rollback()
         except BaseException as exc:
-            tx.failed = True
-            if not isinstance(exc, Exception):
-                raise
-            raise _error(exc, established=False, what="rollback") from exc
+            _raise(exc, what="rollback", tx=tx)
 
     def end(self, tx: _Tx) -> None:
         """Roll back anything not committed and give the connection back to the pool, or
@@ -292,4 +299,4 @@ class PyMySQLDriver:
 
     def broken(self, tx: _Tx) -> bool:
         """Whether the transaction's connection died (a killed session, a lost socket)."""
-        return _owner.session_ended(tx.conn)
+        return _broken(tx.conn)

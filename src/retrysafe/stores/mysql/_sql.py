@@ -7,58 +7,59 @@ rows differ per driver (``_asyncmy.py``, ``_pymysql.py``).
 - :class:`MySQLOptions`: everything a ``mysql://`` URL's query may set, validated once.
 - :class:`Statements`: the named statements of ``mysql.sql`` with ``{now}``, ``{table}`` and
   ``{index}`` filled in and the ``:name`` placeholders rewritten to the drivers' ``%s``.
-- Operations (``reserve_op``, ``renew_op``...) are generators: each yields a :class:`Query`,
-  receives its rows (a write's rows are one row holding its affected-row count), and returns
-  the result; the one action loop (:func:`retrysafe._core.drive.drive`) sends the statements
-  through a driver. A connection lost in the middle of a statement is thrown into the generator
-  as :class:`ConnectionLostError`, a deadlock or lock wait timeout as :class:`RetryableError`,
-  so the retry policy is written once, here, for both drivers.
+- ``reserve_op`` (an insert, then a read with the owner's named lock) and
+  ``ensure_schema_op``: MySQL's own operations. The others (``renew_op``, ``complete_op``...)
+  take the same steps on PostgreSQL: they are ``stores/_sql_ops.py``'s, with the statement and
+  query types and :class:`ConnectionLostError`, and re-exported here. Each is a generator: it
+  yields a :class:`Query`, receives its rows (a write answers no rows when it changed none,
+  else one row holding its affected-row count), and returns the result; the one action loop
+  (:func:`retrysafe._core.drive.drive`) sends the statements through a driver. A connection
+  lost in the middle of a statement is thrown into the generator as
+  :class:`ConnectionLostError`, a deadlock or lock wait timeout as :class:`RetryableError`, so
+  the retry policy is written once for both drivers.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Generator, Mapping, Sequence
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 from urllib.parse import unquote
 
-from ..._core.errors import ConfigurationError, StoreError, StoreUnavailableError
+from ..._core.errors import ConfigurationError, StoreError
 from ..._core.records import Record, Reservation, lease_token, other_owner
-from .._registry import parse_store_url
 from .._sql import load_queries
+from .._sql_ops import (
+    RESERVE_ATTEMPTS,
+    ConnectionLostError,
+    Dialect,
+    Query,
+    Rows,
+    Statement,
+    record_from,
+    retry_once,
+    store_url,
+    table_parts,
+)
 from .._url import StoreURL, flag, non_negative, text, whole
 
 __all__ = [
+    "DIALECT",
     "OWNER_LOCK_PREFIX",
     "SCHEMES",
     "URL_OPTIONS",
-    "ConnectionLostError",
     "MySQLOptions",
-    "Query",
     "RetryableError",
-    "Statement",
     "Statements",
-    "complete_op",
-    "delete_op",
     "ensure_schema_op",
     "error_kind",
-    "get_op",
-    "mark_committed_op",
     "owner_lock_query",
-    "purge_op",
-    "release_op",
-    "renew_op",
     "reserve_op",
-    "stats_op",
 ]
 
 STORE_NAME = "mysql"
 DEFAULT_TABLE = "retrysafe_records"
-PURGE_BATCH = 1000
-#: A reserve finds neither a win nor a live record only when the record changed between its two
-#: statements (released, completed and expired, taken over); many times in a row means churn.
-RESERVE_ATTEMPTS = 50
 #: The named lock of an instance is this prefix and its 24-character id (64 characters at most).
 OWNER_LOCK_PREFIX = "retrysafe:"
 
@@ -91,14 +92,6 @@ UNAVAILABLE_CODES = frozenset({2002, 2003, 2005, 1040, 1041, 1203, 1226})
 RETRYABLE_CODES = frozenset({1213, 1205})
 
 
-class ConnectionLostError(StoreUnavailableError):
-    """An established connection broke during a statement (killed session, server restart).
-
-    The statement may or may not have been carried out; operations decide whether repeating it
-    on a fresh connection is safe.
-    """
-
-
 class RetryableError(ConnectionLostError):
     """InnoDB rolled the statement back (a deadlock with a concurrent writer, a lock wait
     timeout): it did nothing, and running it again is what the server asks for."""
@@ -122,12 +115,7 @@ def quote_table(table: str) -> tuple[str, str, str | None, str]:
     Raises:
         ConfigurationError: not one or two identifiers separated by a dot.
     """
-    parts = table.split(".")
-    if not 1 <= len(parts) <= 2 or not all(_IDENTIFIER.fullmatch(p) for p in parts):
-        raise ConfigurationError(
-            f"mysql table {table!r}: use NAME or DATABASE.NAME made of letters, digits and _"
-        )
-    index = f"{parts[-1][:52]}_expires_at"
+    parts, index = table_parts(table, _IDENTIFIER, store="mysql", container="DATABASE")
     schema = parts[0] if len(parts) == 2 else None
     return ".".join(f"`{p}`" for p in parts), f"`{index}`", schema, parts[-1]
 
@@ -202,9 +190,7 @@ class MySQLOptions:
         Raises:
             ConfigurationError: not a mysql URL, an unknown option, or a bad value.
         """
-        parsed = parse_store_url(url) if isinstance(url, str) else url
-        if parsed.scheme not in SCHEMES:
-            raise ConfigurationError(f"not a mysql:// URL: {parsed.scheme}://...")
+        parsed = store_url(url, SCHEMES, "mysql://")
         if len(parsed.hosts) > 1:
             raise ConfigurationError("a mysql:// URL names one host")
         host, port = parsed.hosts[0] if parsed.hosts else ("127.0.0.1", None)
@@ -219,8 +205,9 @@ class MySQLOptions:
             values["password"] = parsed.password
         return cls(**{**values, **parsed.options, **overrides})
 
-    def connect_kwargs(self) -> dict[str, Any]:
-        """The keyword arguments PyMySQL's and asyncmy's ``connect`` share."""
+    def connect_kwargs(self, *, timeouts: bool = False) -> dict[str, Any]:
+        """The keyword arguments PyMySQL's and asyncmy's ``connect`` share; with ``timeouts``,
+        also PyMySQL's ``read_timeout`` and ``write_timeout`` (``read_timeout``)."""
         kwargs: dict[str, Any] = {
             "host": self.host,
             "port": self.port,
@@ -237,22 +224,10 @@ class MySQLOptions:
             import ssl
 
             kwargs["ssl"] = ssl.create_default_context(cafile=self.ssl_ca)
+        if timeouts and self.read_timeout:
+            kwargs["read_timeout"] = self.read_timeout
+            kwargs["write_timeout"] = self.read_timeout
         return kwargs
-
-
-@dataclass(frozen=True, slots=True)
-class Statement:
-    """One SQL statement in ``%s`` form, the parameter names in order, and whether it answers
-    with rows (a ``SELECT``) or with its affected-row count."""
-
-    name: str
-    sql: str
-    params: tuple[str, ...]
-    returns_rows: bool
-
-    def args(self, values: Mapping[str, Any]) -> tuple[Any, ...]:
-        """The positional arguments for ``values`` given by name."""
-        return tuple(values[p] for p in self.params)
 
 
 def to_format(sql: str) -> tuple[str, tuple[str, ...]]:
@@ -276,6 +251,11 @@ class Statements:
         options: the store's options (table name).
     """
 
+    #: :func:`reserve_op`, set below it: the SQL stores' facade calls the reservation as a
+    #: method of the statements (``q.reserve(...)`` is ``reserve_op(q, ...)``), which costs it
+    #: what calling the module's function cost when each dialect had its own facade.
+    reserve: ClassVar[Callable[..., Generator[Query, Rows, Reservation]]]
+
     def __init__(self, options: MySQLOptions) -> None:
         self.options = options
         self._by_name: dict[str, Statement] = {}
@@ -296,33 +276,6 @@ class Statements:
         """A statement with its arguments."""
         statement = self._by_name[name]
         return Query(statement, statement.args(values))
-
-
-@dataclass(frozen=True, slots=True)
-class Query:
-    """A statement ready to send: what an operation yields to its driver."""
-
-    statement: Statement
-    args: tuple[Any, ...]
-
-
-Rows = Sequence[Sequence[Any]]
-
-
-def _count(rows: Rows) -> int:
-    return int(rows[0][0])
-
-
-def _record(row: Sequence[Any]) -> Record:
-    fingerprint, state, lease_remaining, response = row[:4]
-    if state == 1:
-        return Record(fingerprint, "completed", bytes(response))
-    return Record(
-        fingerprint,
-        "in_progress",
-        lease_remaining=max(0.0, float(lease_remaining)),
-        committed=state == 2,
-    )
 
 
 def owner_lock_query(q: Statements, instance: str) -> Query:
@@ -368,7 +321,7 @@ def reserve_op(
     lost = False
     for _ in range(RESERVE_ATTEMPTS):
         try:
-            if (yield insert)[0][0]:
+            if (yield insert):
                 return Reservation(token=token)
             rows = yield peek
         except RetryableError:
@@ -384,7 +337,7 @@ def reserve_op(
         holder = row[4]
         if holder == token and row[1] == 0:
             return Reservation(token=token)  # the insert won before a lost connection
-        record = _record(row)
+        record = record_from(row)
         if record.state == "in_progress" and not record.committed and record.lease_remaining <= 0:
             continue  # lapsed since the insert: the next insert takes it over
         owner = other_owner(holder)
@@ -393,100 +346,13 @@ def reserve_op(
         if record.committed:
             # Effects happened and no one will store the answer: outcome unknown at once.
             return Reservation(record=Record(record.fingerprint, "in_progress", committed=True))
-        took = yield from _retry_once(q.query("take_over", holder=holder, **values))
-        if _count(took):
+        if (yield from retry_once(q.query("take_over", holder=holder, **values))):
             return Reservation(token=token)
         # The record changed in between: read it again.
     raise StoreError(
         f"reserve found no record {RESERVE_ATTEMPTS} times in a row (constant churn on one key)",
         store=STORE_NAME,
     )
-
-
-def _retry_once(query: Query) -> Generator[Query, Rows, Rows]:
-    """Run ``query``; after a lost connection or a deadlock run it once more (safe for
-    idempotent statements)."""
-    try:
-        return (yield query)
-    except ConnectionLostError:
-        return (yield query)
-
-
-def renew_op(
-    q: Statements, record_id: str, token: str, *, lease: float
-) -> Generator[Query, Rows, bool]:
-    """See :meth:`retrysafe.stores.AsyncStore.renew` (extending a lease twice is harmless)."""
-    rows = yield from _retry_once(q.query("renew", id=record_id, token=token, lease=float(lease)))
-    return bool(_count(rows))
-
-
-def mark_committed_op(
-    q: Statements, record_id: str, token: str, *, lease: float
-) -> Generator[Query, Rows, bool]:
-    """See :meth:`retrysafe.stores.AsyncStore.mark_committed` (repeating it is harmless)."""
-    query = q.query("mark_committed", id=record_id, token=token, lease=float(lease))
-    rows = yield from _retry_once(query)
-    return bool(_count(rows))
-
-
-def delete_op(q: Statements, record_id: str) -> Generator[Query, Rows, bool]:
-    """See :meth:`retrysafe.stores.AsyncStore.delete`."""
-    rows = yield from _retry_once(q.query("delete", id=record_id))
-    return bool(_count(rows))
-
-
-def complete_op(
-    q: Statements, record_id: str, token: str, response: bytes, *, ttl: float
-) -> Generator[Query, Rows, bool]:
-    """See :meth:`retrysafe.stores.AsyncStore.complete`.
-
-    Losing the connection here is the worst moment (the handler ran; a lost completion lets the
-    key be run again after the lease), so it is retried on a fresh connection; if the lost
-    attempt had committed, ``completed_by`` recognises it as this token's completion.
-    """
-    query = q.query("complete", id=record_id, token=token, response=response, ttl=float(ttl))
-    try:
-        rows = yield query
-    except ConnectionLostError:
-        rows = yield query
-        if not _count(rows):
-            rows = yield q.query("completed_by", id=record_id, token=token)
-            return bool(rows)
-    return bool(_count(rows))
-
-
-def release_op(q: Statements, record_id: str, token: str) -> Generator[Query, Rows, bool]:
-    """See :meth:`retrysafe.stores.AsyncStore.release`.
-
-    Retried once after a lost connection; it then answers ``False`` if the lost attempt had
-    already deleted the record (callers only log that answer).
-    """
-    rows = yield from _retry_once(q.query("release", id=record_id, token=token))
-    return bool(_count(rows))
-
-
-def get_op(q: Statements, record_id: str) -> Generator[Query, Rows, Record | None]:
-    """See :meth:`retrysafe.stores.AsyncStore.get`."""
-    rows = yield from _retry_once(q.query("get", id=record_id))
-    return _record(rows[0]) if rows else None
-
-
-def purge_op(q: Statements, batch: int = PURGE_BATCH) -> Generator[Query, Rows, int]:
-    """See :meth:`retrysafe.stores.AsyncStore.purge_expired`: batches until one comes back short,
-    each its own short transaction, so a large purge never holds many row locks."""
-    total = 0
-    while True:
-        rows = yield from _retry_once(q.query("purge", batch=batch))
-        deleted = _count(rows)
-        total += deleted
-        if deleted < batch:
-            return total
-
-
-def stats_op(q: Statements) -> Generator[Query, Rows, Sequence[Any]]:
-    """The ``stats`` row (see :class:`~retrysafe.stores.StoreStats`)."""
-    rows = yield from _retry_once(q.query("stats"))
-    return rows[0]
 
 
 def ensure_schema_op(q: Statements, *, only_if_missing: bool) -> Generator[Query, Rows, None]:
@@ -504,3 +370,10 @@ def ensure_schema_op(q: Statements, *, only_if_missing: bool) -> Generator[Query
         if rows and rows[0][0]:
             return
     yield q.query("create_table")
+
+
+Statements.reserve = reserve_op
+
+#: What the SQL stores' facade (``stores/_sql_async.py``, ``_sql_sync.py``) takes from this
+#: dialect, for both faces.
+DIALECT = Dialect(options=MySQLOptions, statements=Statements)

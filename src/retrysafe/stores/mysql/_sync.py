@@ -1,52 +1,33 @@
 # Generated from src/retrysafe/stores/mysql/_async.py by scripts/unasync.py: do not edit.
-"""The sync MySQL store: the store's logic over the PyMySQL driver (``_pymysql.py``).
+"""The sync MySQL store: the SQL stores' facade (``stores/_sql_sync.py``) over the PyMySQL
+driver (``_pymysql.py``) and MySQL's dialect (``_sql.py``: options, statements, the
+reservation).
 
-Each operation is a generator of ``_sql.py`` run by the one action loop, its statements sent
-through the driver; the driver owns the pool, the owner lock and the connection of a request's
-transaction.
-
-This file is generated from ``_async.py`` by ``scripts/unasync.py`` (``make lint`` checks
-that it is up to date): edit that file, then run the script.
+This file is generated from ``_async.py`` by ``scripts/unasync.py``
+(``make lint`` checks that it is up to date): edit that file, then run the script.
 """
 
 from __future__ import annotations
 
-import threading
-from typing import Any
-
-from ..._core.drive_sync import drive
-from ..._core.records import Record, Reservation
-from .._base import StoreStats
-from .._url import StoreURL
+from .._sql_sync import SQLStore, SQLTransaction
 from ._pymysql import PyMySQLDriver
-from ._sql import (
-    MySQLOptions,
-    Query,
-    Rows,
-    Statements,
-    complete_op,
-    delete_op,
-    get_op,
-    mark_committed_op,
-    purge_op,
-    release_op,
-    renew_op,
-    reserve_op,
-    stats_op,
-)
+from ._sql import DIALECT, MySQLOptions, Statements
 
 __all__ = ["MySQLStore", "MySQLTransaction"]
 
 
-class MySQLStore:
-    """Keeps records in a MySQL or MariaDB table, through pooled PyMySQL connections.
+class MySQLTransaction(SQLTransaction):
+    """A request's MySQL transaction (transactional mode), from :meth:`MySQLStore.begin`:
+    a pooled PyMySQL connection with a transaction begun (the pool's are in autocommit)."""
 
-    The pool is opened on first use. With ``auto_create`` (default) the table is created then
-    if it is missing.
+
+class MySQLStore(SQLStore):
+    """Keeps records in a MySQL or MariaDB table, through pooled PyMySQL connections (opened on
+    first use, when ``auto_create`` also creates the table if it is missing).
 
     Args:
-        url: ``mysql://user:password@host:port/database?option=value``; see
-            :class:`~retrysafe.stores.mysql.MySQLOptions` for the options.
+        url: ``mysql://user:password@host:port/database?option=value`` (``mariadb://`` too);
+            see :class:`~retrysafe.stores.mysql.MySQLOptions` for the options.
         **options: the same options as keywords (they win over the URL's).
 
     Raises:
@@ -54,137 +35,8 @@ class MySQLStore:
     """
 
     kind = "mysql"
-
-    def __init__(self, url: str | StoreURL, **options: Any) -> None:
-        self.options = MySQLOptions.from_url(url, **options)
-        self.statements = Statements(self.options)
-        self._driver = PyMySQLDriver(self.options, self.statements)
-
-    @classmethod
-    def from_url(cls, url: str | StoreURL) -> MySQLStore:
-        """Build from ``mysql://...?table=...``."""
-        return cls(url)
-
-    def ensure_schema(self) -> None:
-        """Create the table and its expiry index if missing (idempotent).
-
-        ``retrysafe schema apply --store URL`` calls this.
-
-        Raises:
-            StoreError: the server refused (e.g. no CREATE right on the schema).
-            StoreUnavailableError: the server cannot be reached.
-        """
-        self._driver.ensure_schema()
-
-    def reserve(self, record_id: str, fingerprint: str, *, lease: float, ttl: float) -> Reservation:
-        """See :meth:`retrysafe.stores.Store.reserve`."""
-        driver = self._driver
-        owned = driver.owner_held() or driver.hold_owner_lock()
-        op = reserve_op(self.statements, record_id, fingerprint, lease=lease, ttl=ttl, owned=owned)
-        return drive(op, driver)
-
-    def renew(self, record_id: str, token: str, *, lease: float) -> bool:
-        """See :meth:`retrysafe.stores.Store.renew`."""
-        return drive(renew_op(self.statements, record_id, token, lease=lease), self._driver)
-
-    def mark_committed(self, record_id: str, token: str, *, lease: float) -> bool:
-        """See :meth:`retrysafe.stores.Store.mark_committed`."""
-        op = mark_committed_op(self.statements, record_id, token, lease=lease)
-        return drive(op, self._driver)
-
-    def delete(self, record_id: str) -> bool:
-        """See :meth:`retrysafe.stores.Store.delete`."""
-        return drive(delete_op(self.statements, record_id), self._driver)
-
-    def complete(self, record_id: str, token: str, response: bytes, *, ttl: float) -> bool:
-        """See :meth:`retrysafe.stores.Store.complete`."""
-        op = complete_op(self.statements, record_id, token, response, ttl=ttl)
-        return drive(op, self._driver)
-
-    def release(self, record_id: str, token: str) -> bool:
-        """See :meth:`retrysafe.stores.Store.release`."""
-        return drive(release_op(self.statements, record_id, token), self._driver)
-
-    def get(self, record_id: str) -> Record | None:
-        """See :meth:`retrysafe.stores.Store.get`."""
-        return drive(get_op(self.statements, record_id), self._driver)
-
-    def purge_expired(self) -> int:
-        """See :meth:`retrysafe.stores.Store.purge_expired`; deletes in batches."""
-        return drive(purge_op(self.statements), self._driver)
-
-    def stats(self) -> StoreStats:
-        """Count the records by state (see :class:`~retrysafe.stores.StoreStats`); one query,
-        on the server's clock."""
-        return StoreStats.from_row(drive(stats_op(self.statements), self._driver))
-
-    def begin(self) -> MySQLTransaction:
-        """Return a transaction (begun on first use) for transactional mode."""
-        return MySQLTransaction(self)
-
-    def close(self) -> None:
-        """Close the idle pooled connections (connections in use close when given back)."""
-        self._driver.close()
-
-
-class MySQLTransaction:
-    """A request's MySQL transaction (transactional mode): a pooled connection in a
-    transaction, begun on first use; the fenced completion is written and committed in it.
-
-    A lost connection is not retried here (the transaction died with it): it surfaces as
-    :class:`~retrysafe.StoreUnavailableError`, the handler's writes are gone, and the key's
-    lease lapses so a retry runs afresh.
-
-    Args:
-        store: the store whose database holds both the records and the application's tables.
-    """
-
-    def __init__(self, store: MySQLStore) -> None:
-        self._driver = store._driver
-        self._statements = store.statements
-        self._tx: Any = None
-        self._lock = threading.Lock()  # two concurrent first calls must share one transaction
-
-    @property
-    def begun(self) -> bool:
-        """Whether the transaction is open."""
-        return self._tx is not None
-
-    @property
-    def broken(self) -> bool:
-        """Whether the connection died (a terminated backend, a lost socket)."""
-        return self._tx is not None and self._driver.broken(self._tx)
-
-    def connection(self) -> Any:
-        """Begin the transaction if needed and return its ``PyMySQL.Connection``."""
-        if self._tx is None:
-            with self._lock:
-                if self._tx is None:
-                    self._tx = self._driver.begin()
-        return self._tx.conn
-
-    def complete(self, record_id: str, token: str, response: bytes, *, ttl: float) -> bool:
-        """Write the completion in the transaction and commit; ``False`` (rolled back) when
-        fenced out."""
-        self.connection()
-        op = complete_op(self._statements, record_id, token, response, ttl=ttl)
-        if not drive(op, self):
-            self.rollback()
-            return False
-        self._driver.commit(self._tx)
-        return True
-
-    def perform(self, query: Query) -> Rows:
-        """Send one statement of the completion in the transaction (for :func:`drive`)."""
-        return self._driver.tx_fetch(self._tx, query)
-
-    def rollback(self) -> None:
-        """Undo the handler's writes."""
-        if self._tx is not None:
-            self._driver.rollback(self._tx)
-
-    def close(self) -> None:
-        """Roll back anything not committed and give the connection back to the pool."""
-        tx, self._tx = self._tx, None
-        if tx is not None:
-            self._driver.end(tx)
+    dialect = DIALECT
+    driver_class = PyMySQLDriver
+    transaction_class = MySQLTransaction
+    options: MySQLOptions
+    statements: Statements

@@ -2,7 +2,9 @@
 
 ``AsyncPostgresStore`` runs on asyncpg, ``PostgresStore`` (WSGI, Django, the CLI) on psycopg 3
 with ``psycopg_pool``. Both run the same statements (``postgres.sql``) and the same operation
-code (``_sql.py``). The async store (``_async.py``) is written over a small driver
+code (``_sql.py``: the options, the statements, the reservation; the other operations and the
+store's methods are the SQL stores' own, ``stores/_sql_ops.py`` and ``stores/_sql_async.py``,
+shared with MySQL). The async store (``_async.py``) names that facade's dialect and its driver
 (``_asyncpg.py``: one statement on a pooled connection, the table, the owner lock, a request's
 transaction); the sync store (``_sync.py``) is generated from it and runs over ``_psycopg.py``.
 Importing this package registers the ``postgresql://`` and ``postgres://`` schemes without
@@ -67,7 +69,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .._registry import Backend, lazy_classes, register_backend
+from .._sql_ops import register_sql_package
 from ._sql import LIBPQ_OPTIONS, SCHEMES, URL_OPTIONS, PostgresOptions
 
 if TYPE_CHECKING:
@@ -82,24 +84,7 @@ __all__ = [
     "PostgresTransaction",
 ]
 
-BACKEND = Backend(
-    name="postgres",
-    schemes=SCHEMES,
-    store="retrysafe.stores.postgres._sync:PostgresStore",
-    async_store="retrysafe.stores.postgres._async:AsyncPostgresStore",
-    options=URL_OPTIONS,
-    passed=LIBPQ_OPTIONS,
-    extra="postgres",
-)
-register_backend(BACKEND)
-
 # The store classes import their driver: loaded on first use, not by the registration.
-__getattr__ = lazy_classes(
-    __name__,
-    {
-        "AsyncPostgresStore": "_async",
-        "AsyncPostgresTransaction": "_async",
-        "PostgresStore": "_sync",
-        "PostgresTransaction": "_sync",
-    },
+BACKEND, __getattr__ = register_sql_package(
+    __name__, "postgres", "Postgres", SCHEMES, URL_OPTIONS, passed=LIBPQ_OPTIONS
 )

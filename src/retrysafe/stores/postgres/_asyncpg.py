@@ -25,8 +25,9 @@ from ..._core.errors import StoreError, StoreUnavailableError
 from ..._core.records import instance_id
 from .._fork import INHERITED, reset_after_fork
 from .._loops import close_with_loop
+from .._sql_ops import ConnectionLostError, Query, Rows
 from . import _sql
-from ._sql import STORE_NAME, ConnectionLostError, Query, Rows, owner_lock_query
+from ._sql import STORE_NAME, owner_lock_query
 
 __all__ = ["AsyncpgDriver"]
 
@@ -149,13 +150,12 @@ class AsyncpgDriver:
     opens its own (see :mod:`retrysafe.stores._fork`).
 
     Args:
-        options: the store's options.
-        statements: the store's statements.
+        statements: the store's statements (and, as their ``options``, its options).
     """
 
-    def __init__(self, options: _sql.PostgresOptions, statements: _sql.Statements) -> None:
-        self.options = options
+    def __init__(self, statements: _sql.Statements) -> None:
         self.statements = statements
+        self.options: _sql.PostgresOptions = statements.options
         # The pool of the loop that used the store last (the hot path's one check), and every
         # loop's: a pool and the generator that closes it when its loop ends.
         self._pool: Any = None

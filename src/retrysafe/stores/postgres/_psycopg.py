@@ -25,12 +25,10 @@ from ..._core.drive_sync import drive
 from ..._core.errors import StoreError, StoreUnavailableError
 from ..._core.records import instance_id
 from .._fork import INHERITED, neuter_socket, reset_after_fork
+from .._sql_ops import ConnectionLostError, Query, Rows
 from ._sql import (
     STORE_NAME,
-    ConnectionLostError,
     PostgresOptions,
-    Query,
-    Rows,
     Statements,
     ensure_schema_op,
     is_unavailable_sqlstate,
@@ -90,13 +88,12 @@ class PsycopgDriver:
     pool keeps trying to reconnect in the background).
 
     Args:
-        options: the store's options.
-        statements: the store's statements.
+        statements: the store's statements (and, as their ``options``, its options).
     """
 
-    def __init__(self, options: PostgresOptions, statements: Statements) -> None:
-        self.options = options
+    def __init__(self, statements: Statements) -> None:
         self.statements = statements
+        self.options: PostgresOptions = statements.options
         self._pool: Any = None
         self._lock = threading.Lock()
         # Owner liveness: the dedicated connection holding this process's owner lock.

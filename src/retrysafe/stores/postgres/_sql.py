@@ -9,55 +9,56 @@ rows differ per driver (``_asyncpg.py``, ``_psycopg.py``).
   CTE) and ``{table}`` filled in and the ``:name`` placeholders rewritten to PostgreSQL's own
   ``$1, $2...`` (both asyncpg and psycopg's ``RawCursor`` take those), plus the order in which
   to pass the arguments.
-- Operations (``reserve_op``, ``renew_op``...) are generators: each yields a :class:`Query`,
-  receives its rows, and returns the result. The one action loop
+- ``reserve_op`` (one statement, and the owner's advisory lock) and ``ensure_schema_op``:
+  PostgreSQL's own operations. The others (``renew_op``, ``complete_op``...) take the same
+  steps on MySQL: they are ``stores/_sql_ops.py``'s, with the statement and query types and
+  :class:`ConnectionLostError`, and re-exported here. Each is a generator: it yields a
+  :class:`Query`, receives its rows, and returns the result. The one action loop
   (:func:`retrysafe._core.drive.drive`) sends the statements through a driver. A connection
   lost in the middle of a statement is thrown into the generator as
-  :class:`ConnectionLostError`, so the retry policy is written once, here, for both drivers.
+  :class:`ConnectionLostError`, so the retry policy is written once for both drivers.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Generator, Mapping, Sequence
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
-from ..._core.errors import ConfigurationError, StoreError, StoreUnavailableError
+from ..._core.errors import ConfigurationError, StoreError
 from ..._core.records import Record, Reservation, lease_token, other_owner
-from .._registry import parse_store_url
 from .._sql import load_queries
+from .._sql_ops import (
+    RESERVE_ATTEMPTS,
+    ConnectionLostError,
+    Dialect,
+    Query,
+    Rows,
+    Statement,
+    record_from,
+    retry_once,
+    store_url,
+    table_parts,
+)
 from .._url import StoreURL, flag, non_negative, text, whole
 
 __all__ = [
+    "DIALECT",
     "LIBPQ_OPTIONS",
     "SCHEMES",
     "URL_OPTIONS",
-    "ConnectionLostError",
     "PostgresOptions",
-    "Query",
-    "Statement",
     "Statements",
-    "complete_op",
-    "delete_op",
     "ensure_schema_op",
-    "get_op",
     "is_unavailable_sqlstate",
-    "mark_committed_op",
     "owner_lock_key",
     "owner_lock_query",
-    "purge_op",
-    "release_op",
-    "renew_op",
     "reserve_op",
 ]
 
 STORE_NAME = "postgres"
 DEFAULT_TABLE = "retrysafe_records"
-PURGE_BATCH = 1000
-#: A reserve returns no row only when a concurrent writer committed the key after the statement's
-#: snapshot; the next attempt sees it. Many attempts in a row mean something else is wrong.
-RESERVE_ATTEMPTS = 50
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
 _PLACEHOLDER = re.compile(r"(?<![:\w]):([A-Za-z_][A-Za-z0-9_]*)")
@@ -126,14 +127,6 @@ LIBPQ_OPTIONS = frozenset(
 )
 
 
-class ConnectionLostError(StoreUnavailableError):
-    """An established connection broke during a statement (terminated backend, server restart).
-
-    The statement may or may not have been carried out; operations decide whether repeating it
-    on a fresh connection is safe.
-    """
-
-
 def is_unavailable_sqlstate(sqlstate: str | None) -> bool:
     """Whether a server error means "not available now, retry later" rather than a bug.
 
@@ -160,12 +153,7 @@ def quote_table(table: str) -> tuple[str, str, str]:
     Raises:
         ConfigurationError: not one or two identifiers separated by a dot.
     """
-    parts = table.split(".")
-    if not 1 <= len(parts) <= 2 or not all(_IDENTIFIER.fullmatch(p) for p in parts):
-        raise ConfigurationError(
-            f"postgres table {table!r}: use NAME or SCHEMA.NAME made of letters, digits and _"
-        )
-    index = f"{parts[-1][:52]}_expires_at"
+    parts, index = table_parts(table, _IDENTIFIER, store="postgres", container="SCHEMA")
     return ".".join(f'"{p}"' for p in parts), f'"{index}"', table
 
 
@@ -245,23 +233,8 @@ class PostgresOptions:
         Raises:
             ConfigurationError: not a postgres URL, an unknown option, or a bad value.
         """
-        parsed = parse_store_url(url) if isinstance(url, str) else url
-        if parsed.scheme not in SCHEMES:
-            raise ConfigurationError(f"not a postgresql:// URL: {parsed.scheme}://...")
+        parsed = store_url(url, SCHEMES, "postgresql://")
         return cls(dsn=parsed.driver_url(), **{**parsed.options, **overrides})
-
-
-@dataclass(frozen=True, slots=True)
-class Statement:
-    """One SQL statement in ``$n`` form and the parameter names in ``$n`` order."""
-
-    name: str
-    sql: str
-    params: tuple[str, ...]
-
-    def args(self, values: Mapping[str, Any]) -> tuple[Any, ...]:
-        """The positional arguments for ``values`` given by name."""
-        return tuple(values[p] for p in self.params)
 
 
 def to_dollar(sql: str) -> tuple[str, tuple[str, ...]]:
@@ -289,6 +262,11 @@ class Statements:
         options: the store's options (table name, synchronous_commit).
     """
 
+    #: :func:`reserve_op`, set below it: the SQL stores' facade calls the reservation as a
+    #: method of the statements (``q.reserve(...)`` is ``reserve_op(q, ...)``), which costs it
+    #: what calling the module's function cost when each dialect had its own facade.
+    reserve: ClassVar[Callable[..., Generator[Query, Rows, Reservation]]]
+
     def __init__(self, options: PostgresOptions) -> None:
         self.options = options
         self.synchronous_commit = options.synchronous_commit
@@ -312,31 +290,6 @@ class Statements:
         if "synchronous_commit" in statement.params:
             values["synchronous_commit"] = self.synchronous_commit
         return Query(statement, statement.args(values))
-
-
-@dataclass(frozen=True, slots=True)
-class Query:
-    """A statement ready to send: what an operation yields to its driver."""
-
-    statement: Statement
-    args: tuple[Any, ...]
-
-
-Rows = Sequence[Sequence[Any]]
-#: An operation: yields queries, receives their rows, returns its result.
-Op = Generator[Query, Rows, Any]
-
-
-def _record(row: Sequence[Any], offset: int = 0) -> Record:
-    fingerprint, state, lease_remaining, response = row[offset : offset + 4]
-    if state == 1:
-        return Record(fingerprint, "completed", bytes(response))
-    return Record(
-        fingerprint,
-        "in_progress",
-        lease_remaining=max(0.0, float(lease_remaining)),
-        committed=state == 2,
-    )
 
 
 #: The first key of every owner lock (two-int advisory locks never collide with bigint ones):
@@ -408,12 +361,12 @@ def reserve_op(
         row = rows[0]
         if row[0]:
             return Reservation(token=token)
-        record = _record(row, 1)
+        record = record_from(row, 1)
         holder = row[5] if len(row) > 5 else None
         owner = other_owner(holder)
         if record.state != "in_progress" or owner is None:
             return Reservation(record=record)
-        taken = yield from _retry_once(
+        taken = yield from retry_once(
             q.query(
                 "take_over",
                 owner_class=OWNER_LOCK_CLASS,
@@ -441,86 +394,6 @@ def reserve_op(
     )
 
 
-def _retry_once(query: Query) -> Generator[Query, Rows, Rows]:
-    """Run ``query``; on a lost connection run it once more (safe for idempotent statements)."""
-    try:
-        return (yield query)
-    except ConnectionLostError:
-        return (yield query)
-
-
-def renew_op(
-    q: Statements, record_id: str, token: str, *, lease: float
-) -> Generator[Query, Rows, bool]:
-    """See :meth:`retrysafe.stores.AsyncStore.renew` (extending a lease twice is harmless)."""
-    rows = yield from _retry_once(q.query("renew", id=record_id, token=token, lease=float(lease)))
-    return bool(rows)
-
-
-def mark_committed_op(
-    q: Statements, record_id: str, token: str, *, lease: float
-) -> Generator[Query, Rows, bool]:
-    """See :meth:`retrysafe.stores.AsyncStore.mark_committed` (repeating it is harmless)."""
-    query = q.query("mark_committed", id=record_id, token=token, lease=float(lease))
-    rows = yield from _retry_once(query)
-    return bool(rows)
-
-
-def delete_op(q: Statements, record_id: str) -> Generator[Query, Rows, bool]:
-    """See :meth:`retrysafe.stores.AsyncStore.delete`."""
-    rows = yield from _retry_once(q.query("delete", id=record_id))
-    return bool(rows)
-
-
-def complete_op(
-    q: Statements, record_id: str, token: str, response: bytes, *, ttl: float
-) -> Generator[Query, Rows, bool]:
-    """See :meth:`retrysafe.stores.AsyncStore.complete`.
-
-    Losing the connection here is the worst moment (the handler ran; a lost completion lets the
-    key be run again after the lease), so it is retried on a fresh connection; if the lost
-    attempt had committed, ``completed_by`` recognises it as this token's completion.
-    """
-    query = q.query("complete", id=record_id, token=token, response=response, ttl=float(ttl))
-    try:
-        rows = yield query
-    except ConnectionLostError:
-        rows = yield query
-        if not rows:
-            rows = yield q.query("completed_by", id=record_id, token=token)
-    return bool(rows)
-
-
-def release_op(q: Statements, record_id: str, token: str) -> Generator[Query, Rows, bool]:
-    """See :meth:`retrysafe.stores.AsyncStore.release`.
-
-    Retried once after a lost connection; it then answers ``False`` if the lost attempt had
-    already deleted the record (callers only log that answer).
-    """
-    rows = yield from _retry_once(q.query("release", id=record_id, token=token))
-    return bool(rows)
-
-
-def get_op(q: Statements, record_id: str) -> Generator[Query, Rows, Record | None]:
-    """See :meth:`retrysafe.stores.AsyncStore.get`."""
-    rows = yield from _retry_once(q.query("get", id=record_id))
-    return _record(rows[0]) if rows else None
-
-
-def purge_op(q: Statements, batch: int = PURGE_BATCH) -> Generator[Query, Rows, int]:
-    """See :meth:`retrysafe.stores.AsyncStore.purge_expired`: batches until one comes back short.
-
-    Each batch is its own short transaction, so a large purge never holds many row locks.
-    """
-    total = 0
-    while True:
-        rows = yield from _retry_once(q.query("purge", batch=batch))
-        deleted = int(rows[0][0])
-        total += deleted
-        if deleted < batch:
-            return total
-
-
 def ensure_schema_op(q: Statements, *, only_if_missing: bool) -> Generator[Query, Rows, None]:
     """Create the table and its expiry index. Run inside one transaction.
 
@@ -536,3 +409,10 @@ def ensure_schema_op(q: Statements, *, only_if_missing: bool) -> Generator[Query
     yield q.query("lock_schema", table_name=q.table_name)
     yield q.query("create_table")
     yield q.query("create_index")
+
+
+Statements.reserve = reserve_op
+
+#: What the SQL stores' facade (``stores/_sql_async.py``, ``_sql_sync.py``) takes from this
+#: dialect, for both faces.
+DIALECT = Dialect(options=PostgresOptions, statements=Statements)
