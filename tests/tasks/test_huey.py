@@ -1,7 +1,9 @@
 """Huey with a real ``huey_consumer`` process (thread workers), a real Redis and a SIGKILLed
 consumer: a task enqueued twice with one key runs once and both callers read the first run's
-result; a consumer killed mid-task loses the task (Huey has no acknowledgement), and the
-producer's re-enqueue with the same key runs each key once."""
+result; a consumer killed mid-task (Huey has no acknowledgement) has its keyed tasks enqueued
+again by a live consumer once its heartbeat lapses, each run once; a producer that enqueues
+them again too changes nothing. In-process (real Redis): a live slow task is never swept, and a
+dead consumer's task is enqueued again once however many consumers sweep."""
 
 from __future__ import annotations
 
@@ -47,9 +49,10 @@ def test_a_killed_consumers_tasks_enqueued_again_run_once(
     tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     """Six tasks of up to 4 s on two threads; the consumer is SIGKILLed while two run; the
-    producer enqueues all six again (what Huey's users do: Huey does not deliver a killed
-    consumer's task again) to a new consumer: each key's effect exactly once, the keys that
-    had finished answered from the store."""
+    producer enqueues all six again (what Huey's users did before retrysafe kept a killed
+    consumer's tasks, and may still do) to a new consumer, which also enqueues the killed
+    consumer's running tasks again: each key's effect exactly once, the keys that had finished
+    answered from the store."""
     services(request, "redis", "postgres")
     setup = Setup(Plan("huey", "redis", "postgres", work=2.0, concurrency=2), tmp_path)
     worker = QueueWorker(setup, 0)
