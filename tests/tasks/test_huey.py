@@ -171,6 +171,17 @@ def _until(condition: Callable[[], bool], what: str) -> None:
         time.sleep(0.02)
 
 
+def _running(huey: Any, charge: Any) -> tuple[Any, Any, threading.Thread]:
+    """Enqueue ``charge("o-1")`` and run it on ``huey`` in a thread, as a consumer's worker
+    does, until its running entry is written: its result handle, the task and the thread."""
+    result = charge("o-1")
+    task = huey.dequeue()
+    runner = threading.Thread(target=huey.execute, args=(task,))
+    runner.start()
+    _until(lambda: _entry(huey, task.id), "the task's entry was never written")
+    return result, task, runner
+
+
 @pytest.mark.timeout(60)
 def test_a_live_slow_task_is_never_enqueued_again(consumers: Callable[[int], Any]) -> None:
     """A task running for three heartbeats while another consumer sweeps every tenth of one:
@@ -179,11 +190,7 @@ def test_a_live_slow_task_is_never_enqueued_again(consumers: Callable[[int], Any
     from retrysafe.contrib import huey as contrib
 
     ((first, charge), (second, _)), release, runs = consumers(2)
-    result = charge("o-1")
-    task = first.dequeue()
-    runner = threading.Thread(target=first.execute, args=(task,))
-    runner.start()
-    _until(lambda: _entry(first, task.id), "the task's entry was never written")
+    result, task, runner = _running(first, charge)
     sweeper = contrib._kept[id(second)]
     sweeper.start()
     until = time.monotonic() + 3
@@ -207,11 +214,7 @@ def test_a_dead_consumers_task_is_enqueued_again_once(consumers: Callable[[int],
     from retrysafe.contrib import huey as contrib
 
     ((a, charge), (b, _), (c, _)), release, runs = consumers(3)
-    result = charge("o-1")
-    task = a.dequeue()
-    runner = threading.Thread(target=a.execute, args=(task,))
-    runner.start()
-    _until(lambda: _entry(a, task.id), "the task's entry was never written")
+    result, task, runner = _running(a, charge)
     dead = contrib._kept[id(a)]
     dead.stop()
     a.storage.conn.delete(dead.alive + dead.owner.decode())  # its heartbeat lapses
@@ -233,3 +236,35 @@ def test_a_dead_consumers_task_is_enqueued_again_once(consumers: Callable[[int],
     b.execute(copy)
     assert runs == ["o-1"]
     assert result.get(blocking=True, timeout=10) == "o-1"
+
+
+def test_the_check_names_a_storage_that_loses_a_killed_task(tmp_path: Path) -> None:
+    from huey import MemoryHuey, SqliteHuey
+
+    from retrysafe.contrib.huey import check_huey, idempotent_task
+
+    sqlite = SqliteHuey("sql", filename=str(tmp_path / "huey.db"))
+    memory = MemoryHuey("memory")  # a consumer in the producer's process: nothing to lose
+    for huey in (sqlite, memory):
+        huey.task()(idempotent_task(huey, store="memory://")(lambda order_id: order_id))
+    (message,) = check_huey(sqlite)
+    assert "SqliteStorage" in message and "Redis storages only" in message
+    assert check_huey(memory) == []
+    sqlite.storage.close()
+
+
+def test_a_heartbeat_is_one_second_or_more_and_one_per_huey(redis_url: str) -> None:
+    from huey import RedisHuey
+
+    from retrysafe import ConfigurationError
+    from retrysafe.contrib.huey import idempotent_task
+
+    huey = RedisHuey(f"tasks_beat_{uuid.uuid4().hex[:8]}", url=redis_url)
+    try:
+        with pytest.raises(ConfigurationError, match=r"heartbeat=0\.5"):
+            idempotent_task(huey, store="memory://", heartbeat=0.5)(lambda order_id: order_id)
+        idempotent_task(huey, store="memory://", heartbeat=5)(lambda order_id: order_id)
+        with pytest.raises(ConfigurationError, match="must give the same"):
+            idempotent_task(huey, store="memory://", heartbeat=6)(lambda order_id: order_id)
+    finally:
+        huey.storage.conn.close()
