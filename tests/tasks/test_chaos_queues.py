@@ -1,8 +1,9 @@
-"""``make chaos-tasks`` on RQ, arq and taskiq: the long crash run (CHAOS_TASKS tasks, 20% sent
-twice, CHAOS_KILLS SIGKILLs of a whole worker and its children) with retrysafe, and the same run
-with a plain job and with the queue's own job-id deduplication (the controls). Each run's line
-goes to ``test-artifacts/tasks-chaos.txt``. Huey is not here: it has no redelivery, so a kill
-loses the task (see test_huey.py)."""
+"""``make chaos-tasks`` on RQ, arq, taskiq and Huey: the long crash run (CHAOS_TASKS tasks, 20%
+sent twice, CHAOS_KILLS SIGKILLs of a whole worker and its children) with retrysafe, and the same
+run with a plain job and with the queue's own job-id deduplication (the controls; Huey has none).
+Each run's line goes to ``test-artifacts/tasks-chaos.txt``. Huey has no redelivery: a killed
+consumer's tasks come back through retrysafe's running entries and heartbeats (a live consumer
+enqueues them again once the dead one's heartbeat lapses)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from .test_chaos import KILLS, TASKS, _report, check_outcome
 pytestmark = [pytest.mark.chaos, pytest.mark.e2e, pytest.mark.timeout(900)]
 
 
-@pytest.mark.parametrize("queue", ["rq", "arq", "taskiq"])
+@pytest.mark.parametrize("queue", ["rq", "arq", "taskiq", "huey"])
 def test_queue_chaos(queue: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
     services(request, "redis", "postgres")
     outcome = crash_run(Plan(queue, "redis", "postgres", tasks=TASKS, kills=KILLS), tmp_path)
@@ -26,14 +27,18 @@ def test_queue_chaos(queue: str, tmp_path: Path, request: pytest.FixtureRequest)
     check_outcome(outcome)
 
 
-@pytest.mark.parametrize("queue", ["rq", "arq", "taskiq"])
+@pytest.mark.parametrize("queue", ["rq", "arq", "taskiq", "huey"])
 def test_queue_control_without_retrysafe(
     queue: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     services(request, "redis", "postgres")
     outcome = crash_run(Plan(queue, "redis", "none", tasks=TASKS, kills=KILLS), tmp_path)
     _report(outcome)
-    assert outcome.duplicates >= outcome.sends - TASKS > 0
+    if queue == "huey":
+        # No redelivery: a kill loses what it cut, some second copies with it (reported).
+        assert outcome.duplicates > 0, outcome.line()
+    else:
+        assert outcome.duplicates >= outcome.sends - TASKS > 0
 
 
 @pytest.mark.parametrize("queue", ["rq", "arq"])
