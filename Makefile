@@ -14,15 +14,15 @@ $(STAMP): pyproject.toml
 
 # `make demo [PORT=8000] [STORE=URL] [BROKER=URL]`: OrderHub and its Celery worker in the
 # foreground, with only what they need (retrysafe[demo]: Starlette, FastAPI, Flask, Django,
-# uvicorn, gunicorn, prometheus-client, Celery; plus the redis or postgres extra when STORE names
-# one). The worker's broker is a folder (kombu's file-system transport, no server) unless BROKER
+# uvicorn, gunicorn, prometheus-client, Celery; plus the redis, postgres or mysql extra when
+# STORE names one). The worker's broker is a folder (kombu's file-system transport, no server) unless BROKER
 # names one (redis://...). Every run keeps its data in a new, empty folder under $TMPDIR (default
 # /tmp), never in the source tree: a second run starts empty.
 PORT ?= 8000
 STORE ?=
 BROKER ?=
 COMMA := ,
-DEMO_EXTRAS := demo$(if $(filter redis%,$(STORE)),$(COMMA)redis)$(if $(filter postgres%,$(STORE)),$(COMMA)postgres)
+DEMO_EXTRAS := demo$(if $(filter redis%,$(STORE)),$(COMMA)redis)$(if $(filter postgres%,$(STORE)),$(COMMA)postgres)$(if $(filter mysql% mariadb%,$(STORE)),$(COMMA)mysql)
 DEMO_STAMP := $(VENV)/.installed-$(subst $(COMMA),-,$(DEMO_EXTRAS))
 
 $(DEMO_STAMP): pyproject.toml

@@ -11,6 +11,7 @@ record, where a kill hurts most).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
 import time
@@ -39,6 +40,12 @@ class CrashPlan:
     timeouts: tuple[float, ...] = (0.25, 0.8, 5.0)
     operation_deadline: float = 90.0
     seed: int = 0
+    #: Spread the kills over the operations instead of timing them by ``kill_interval``: the
+    #: n-th of k kills as soon as n/(k+1) of the operations have begun, a killed process
+    #: restarted beside the run (the next kill does not wait for it). A run that ends sooner
+    #: than k timed kills (a fast store: 300 operations in a few seconds, each timed kill
+    #: followed by seconds of restart) still gets all k, every one with operations in flight.
+    paced: bool = False
 
 
 @dataclass
@@ -176,29 +183,70 @@ async def _operation(
         await asyncio.sleep(rng.uniform(0.05, 0.3))
 
 
+class _Progress:
+    """What the chaos task waits for: operations begun, the run's end, a process back up."""
+
+    def __init__(self) -> None:
+        self.begun = 0
+        self.ended = asyncio.Event()
+        self.changed = asyncio.Condition()
+
+    async def note(self, *, begun: int = 0, ended: bool = False) -> None:
+        async with self.changed:
+            self.begun += begun
+            if ended:
+                self.ended.set()
+            self.changed.notify_all()
+
+    async def until(self, begun: int, ready: Callable[[], bool]) -> None:
+        """Until ``begun`` operations have begun and ``ready()``, or the run has ended."""
+        async with self.changed:
+            await self.changed.wait_for(
+                lambda: self.ended.is_set() or (self.begun >= begun and ready())
+            )
+
+
 async def _chaos(
     servers: Sequence[DemoServer],
     rng: random.Random,
     plan: CrashPlan,
     report: CrashReport,
-    done: asyncio.Event,
+    progress: _Progress,
     fault: Callable[[int], Awaitable[None]] | None,
 ) -> None:
+    down: set[int] = set()  # indexes of the servers a paced run is restarting
+    restarts: list[asyncio.Task[None]] = []
+
+    async def restart(index: int, pause: float) -> None:
+        await asyncio.sleep(pause)
+        await asyncio.to_thread(servers[index].start)
+        down.discard(index)
+        await progress.note()
+
     for n in range(plan.kills):
-        try:
-            await asyncio.wait_for(done.wait(), rng.uniform(*plan.kill_interval))
-            return
-        except TimeoutError:
-            pass
+        if plan.paced:
+            due = (n + 1) * plan.operations // (plan.kills + 1)
+            await progress.until(due, lambda: len(down) < len(servers))  # one is up
+        else:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(progress.ended.wait(), rng.uniform(*plan.kill_interval))
+        if progress.ended.is_set():
+            break
         if fault is not None and n % 3 == 2:
             await fault(n)  # a store-side fault (database or Redis restart) instead of a kill
             report.service_faults += 1
             continue
-        victim = rng.choice(servers)
-        await asyncio.to_thread(victim.kill)
+        index = rng.choice([i for i in range(len(servers)) if i not in down])
+        await asyncio.to_thread(servers[index].kill)
         report.kills += 1
-        await asyncio.sleep(rng.uniform(0.1, 0.8))
-        await asyncio.to_thread(victim.start)
+        pause = rng.uniform(0.1, 0.8)
+        if plan.paced:
+            down.add(index)
+            restarts.append(asyncio.create_task(restart(index, pause)))
+        else:
+            await asyncio.sleep(pause)
+            await asyncio.to_thread(servers[index].start)
+    await asyncio.gather(*restarts)
 
 
 async def run_crash_suite(
@@ -231,18 +279,19 @@ async def run_crash_suite(
         for i in range(plan.operations)
     ]
     started = time.monotonic()
-    done = asyncio.Event()
+    progress = _Progress()
     limits = httpx.Limits(max_connections=plan.concurrency * 2 + 4)
     async with httpx.AsyncClient(limits=limits) as client:
-        chaos = asyncio.create_task(_chaos(servers, rng, plan, report, done, fault))
+        chaos = asyncio.create_task(_chaos(servers, rng, plan, report, progress, fault))
         gate = asyncio.Semaphore(plan.concurrency)
 
         async def guarded(op: _Op) -> None:
             async with gate:
+                await progress.note(begun=1)
                 await _operation(op, servers, client, rng, plan, report)
 
         await asyncio.gather(*(guarded(op) for op in ops))
-        done.set()
+        await progress.note(ended=True)
         await chaos
         for server in servers:  # every process is up again before counting
             if server.proc is None or server.proc.poll() is not None:

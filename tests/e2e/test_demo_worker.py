@@ -6,6 +6,7 @@ count is read from the demo's database through ``GET /charges``."""
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -14,6 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
+from ..stores import backend_mysql
 from .servers import DemoServer
 
 pytest.importorskip("celery", reason="the demo's worker needs Celery (pip install -e '.[demo]')")
@@ -179,3 +181,27 @@ def test_the_other_orderhubs_send_their_payments_to_the_worker_too(
     if framework == "fastapi":
         spec = httpx.get(server.url + "/openapi.json", timeout=10).json()
         assert "/charges" not in spec["paths"]  # the demo's own controls, not the API
+
+
+@pytest.mark.parametrize("framework", ["starlette", "flask"])
+def test_on_mysql_the_worker_charges_once_and_a_killed_charge_once(
+    demo_servers: Callable[..., DemoServer], request: pytest.FixtureRequest, framework: str
+) -> None:
+    """MySQL has no ``RETURNING``: the worker writes its charges and runs all the same, and a
+    charge killed mid-task rolls back with its record in the same MySQL database."""
+    store = backend_mysql.fresh_database_url(request)
+    server = demo_servers(store, worker=True, extra_args=("--framework", framework))
+    payment_id = _pay(server, f'"{framework}-mysql-pay"').json()["id"]
+    entry = _settled(server, payment_id, "retrysafe", runs=1)
+    assert entry["charges"] == 1 and entry["runs"][0]["outcome"] == "charged"
+    # Stamped by the insert as on every database (a MySQL column default cannot be).
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", entry["runs"][0]["started_at"])
+    charges = {}
+    for flow in ("retrysafe", "plain"):
+        response = httpx.post(f"{server.url}/worker/kill?flow={flow}", timeout=30)
+        assert response.status_code == 202, response.text
+        killed = response.json()
+        entry = _settled(server, killed["payment_id"], flow, runs=2)
+        assert [run["outcome"] for run in entry["runs"][:2]] == ["killed (SIGKILL)", "charged"]
+        charges[flow] = entry["charges"]
+    assert charges == {"retrysafe": 1, "plain": 2}

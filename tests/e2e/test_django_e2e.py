@@ -16,6 +16,7 @@ import pytest
 
 from ..conftest import RUN_ID
 from ..django.server import DjangoDemo, django_demo, pg_schema_url
+from ..stores import backend_mysql
 
 __all__ = ["django_demo"]
 
@@ -29,7 +30,7 @@ def _key(value: str) -> dict[str, str]:
     return {**JSON, "Idempotency-Key": f'"{value}"'}
 
 
-@pytest.fixture(params=["sqlite", "postgres", "redis"])
+@pytest.fixture(params=["sqlite", "postgres", "mysql", "redis"])
 def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """The ``--store``: SQL ones become the Django ORM store (orders commit with the record);
     Redis keeps the records while the orders go to a SQLite file (mark_committed)."""
@@ -37,6 +38,8 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
         return f"sqlite:///{tmp_path}/orderhub.db"
     if request.param == "postgres":
         return pg_schema_url(request)
+    if request.param == "mysql":
+        return backend_mysql.fresh_database_url(request)
     url = request.getfixturevalue("redis_url")
     return f"{url}?prefix=rs-django-e2e-{RUN_ID}-{tmp_path.name}:"
 

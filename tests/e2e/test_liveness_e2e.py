@@ -225,6 +225,7 @@ def test_chaos_operation_latency_with_the_default_lease(
         delay_after_share=0.25,
         operation_deadline=300.0,
         seed=16,
+        paced=True,  # every kill lands, however soon the store gets through the operations
     )
     db = f"sqlite:///{tmp_path}/orders.db"
     if mode == "sqlite":
@@ -249,5 +250,6 @@ def test_chaos_operation_latency_with_the_default_lease(
     with open("test-artifacts/liveness-chaos.txt", "a") as out:
         out.write(line + "\n" + report.timelines() + "\n")
     assert report.unfinished == 0 and report.lost == 0 and not report.unexpected
+    assert report.kills == plan.kills
     if mode != "redis":
         assert report.duplicates == 0

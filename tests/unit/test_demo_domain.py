@@ -233,3 +233,28 @@ def test_the_demo_starts_its_worker_only_where_it_can_share_the_keys() -> None:
     assert worker_link(args(no_worker=True)) is None
     assert worker_link(args(framework="django")) is None  # not yet
     assert worker_link(args(store="memory://")) is None  # each process its own memory
+
+
+def test_the_worker_s_mysql_inserts_read_their_id_back_without_returning(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """MySQL 8 has no ``RETURNING`` (MariaDB has): each insert of the worker's charges and
+    runs is followed by the read of its row by ``LAST_INSERT_ID()``, on the same connection."""
+    from retrysafe.demo._drivers import MYSQL_THEN
+    from retrysafe.demo.charges import ChargeBook
+
+    book = ChargeBook("mysql://root@db.example/shop")  # PyMySQL connects on first use
+    sent: list[str] = []
+
+    def run(sql: str, params: object = (), **_: object) -> list[tuple[int]]:
+        sent.append(sql)
+        return [(7,)]
+
+    monkeypatch.setattr(book._driver, "run", run)
+    assert book.charge("retrysafe", 1, 10, "EUR", "task", conn=None) == 7
+    assert book.start_run("retrysafe", 1, "task", 42) == 7
+    for sql, stamp in zip(sent, ("created_at", "started_at"), strict=True):
+        insert, read = sql.split(MYSQL_THEN)
+        assert "RETURNING" not in sql.upper()
+        assert insert.startswith("INSERT INTO orderhub_") and stamp in insert
+        assert read.endswith("WHERE id = LAST_INSERT_ID()")

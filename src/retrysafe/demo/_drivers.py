@@ -157,18 +157,27 @@ class Statements:
 
     def insert(self, kind: Kind) -> str:
         """Insert a record (``owner`` then the kind's fields) and return it."""
-        names = ("owner", *kind.fields)
-        marks = ", ".join(self._mark(i + 1) for i in range(len(names)))
+        return self._insert(kind.name, kind.columns)
+
+    def insert_id(self, name: str) -> str:
+        """Insert a row of ``orderhub_<name>`` (its columns in :data:`_TABLES` order, the
+        stamp left to the database) and return its id."""
+        return self._insert(name, ("id",))
+
+    def _insert(self, name: str, returned: Sequence[str]) -> str:
+        columns, stamp = _TABLES[name]
+        table = f"{self.prefix}orderhub_{name}"
+        marks = ", ".join(self._mark(i + 1) for i in range(len(columns)))
         if self.mysql:
-            stamp = "started_at" if "started_at" in kind.columns else "created_at"
             return (
-                f"INSERT INTO {self._table(kind)} ({', '.join(names)}, {stamp}) "
+                f"INSERT INTO {table} ({', '.join(columns)}, {stamp}) "
                 f"VALUES ({marks}, {_MYSQL_NOW})"
-                f"{MYSQL_THEN}{self._select(kind)} WHERE id = LAST_INSERT_ID()"
+                f"{MYSQL_THEN}SELECT {', '.join(returned)} FROM {table} "
+                "WHERE id = LAST_INSERT_ID()"
             )
         return (
-            f"INSERT INTO {self._table(kind)} ({', '.join(names)}) VALUES ({marks}) "
-            f"RETURNING {', '.join(kind.columns)}"
+            f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({marks}) "
+            f"RETURNING {', '.join(returned)}"
         )
 
     def count(self, kind: Kind) -> str:
@@ -575,11 +584,22 @@ class PyMySQL(_MySQL):
             conn.close()
 
 
-def _check_scheme(url: str) -> None:
-    if not url.startswith(("sqlite:///", "postgresql://", "postgres://", "mysql://", "mariadb://")):
-        raise ConfigurationError(
-            f"OrderHub keeps its data in SQLite (sqlite:///...), PostgreSQL or MySQL, got {url!r}"
-        )
+def _dialect(url: str) -> int:
+    """Which adapter a ``--db`` URL takes: 0 SQLite, 1 PostgreSQL, 2 MySQL.
+
+    Raises:
+        ConfigurationError: none of them.
+    """
+    for dialect, schemes in enumerate(_SCHEMES):
+        if url.startswith(schemes):
+            return dialect
+    raise ConfigurationError(
+        f"OrderHub keeps its data in SQLite (sqlite:///...), PostgreSQL or MySQL, got {url!r}"
+    )
+
+
+#: The URL schemes of each adapter, in :func:`_dialect`'s order.
+_SCHEMES = (("sqlite:///",), ("postgresql://", "postgres://"), ("mysql://", "mariadb://"))
 
 
 def open_async_driver(url: str) -> AsyncSQLite | Asyncpg | Asyncmy:
@@ -588,10 +608,7 @@ def open_async_driver(url: str) -> AsyncSQLite | Asyncpg | Asyncmy:
     Raises:
         ConfigurationError: not SQLite, PostgreSQL or MySQL, or a bad option.
     """
-    _check_scheme(url)
-    if url.startswith(("mysql://", "mariadb://")):
-        return Asyncmy(url)
-    return AsyncSQLite(url) if url.startswith("sqlite:///") else Asyncpg(url)
+    return (AsyncSQLite, Asyncpg, Asyncmy)[_dialect(url)](url)
 
 
 def open_driver(url: str) -> SyncSQLite | Psycopg | PyMySQL:
@@ -600,7 +617,4 @@ def open_driver(url: str) -> SyncSQLite | Psycopg | PyMySQL:
     Raises:
         ConfigurationError: not SQLite, PostgreSQL or MySQL, or a bad option.
     """
-    _check_scheme(url)
-    if url.startswith(("mysql://", "mariadb://")):
-        return PyMySQL(url)
-    return SyncSQLite(url) if url.startswith("sqlite:///") else Psycopg(url)
+    return (SyncSQLite, Psycopg, PyMySQL)[_dialect(url)](url)

@@ -143,27 +143,22 @@ class ChargeBook:
 
     # -- the worker's writes ---------------------------------------------------------------
 
+    def _insert(self, table: str, values: Sequence[Any], *, conn: Any = None) -> int:
+        """Insert one row of ``orderhub_<table>`` (``values`` in its columns' order); return its
+        id (on MySQL, which has no ``RETURNING``, read back by ``LAST_INSERT_ID()``)."""
+        rows = self._driver.run(self._driver.sql.insert_id(table), values, conn=conn, write=True)
+        return int(rows[0][0])
+
     def charge(
         self, flow: str, payment_id: int, amount: int, currency: str, task_id: str, *, conn: Any
     ) -> int:
         """Write one charge (the task's effect); return its id. With ``conn`` (the task's
         idempotent transaction) it commits together with the task's stored result."""
-        rows = self.run(
-            "INSERT INTO {p}orderhub_charges (payment_id, flow, amount, currency, task_id) "
-            "VALUES ({1}, {2}, {3}, {4}, {5}) RETURNING id",
-            (payment_id, flow, amount, currency, task_id),
-            conn=conn,
-        )
-        return int(rows[0][0])
+        return self._insert("charges", (payment_id, flow, amount, currency, task_id), conn=conn)
 
     def start_run(self, flow: str, payment_id: int, task_id: str, pid: int) -> int:
         """Record that a delivery of a charge task started in process ``pid``."""
-        rows = self.run(
-            "INSERT INTO {p}orderhub_charge_runs (payment_id, flow, task_id, pid, outcome) "
-            "VALUES ({1}, {2}, {3}, {4}, {5}) RETURNING id",
-            (payment_id, flow, task_id, pid, RUNNING),
-        )
-        return int(rows[0][0])
+        return self._insert("charge_runs", (payment_id, flow, task_id, pid, RUNNING))
 
     def end_run(self, run_id: int, outcome: str) -> None:
         """Record how a delivery ended (only a run still ``running``: a kill is never

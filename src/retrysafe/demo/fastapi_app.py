@@ -69,24 +69,31 @@ class PaymentIn(BaseModel):
     currency: Text
 
 
-class Order(BaseModel):
+Stamp = Annotated[str, Field(description="UTC, ISO 8601 with milliseconds.")]
+
+
+class _Record(BaseModel):
+    """What an order and a payment begin with (their own fields, then ``created_at``, follow:
+    the order of every OrderHub's JSON)."""
+
+    id: int
+    owner: str = Field(description="The demo user who sent it.")
+
+
+class Order(_Record):
     """A placed order."""
 
-    id: int
-    owner: str = Field(description="The demo user who placed it.")
     item: str
     quantity: int
-    created_at: str = Field(description="UTC, ISO 8601 with milliseconds.")
+    created_at: Stamp
 
 
-class Payment(BaseModel):
+class Payment(_Record):
     """A payment made."""
 
-    id: int
-    owner: str = Field(description="The demo user who made it.")
     amount: int
     currency: str
-    created_at: str = Field(description="UTC, ISO 8601 with milliseconds.")
+    created_at: Stamp
 
 
 class OrderList(BaseModel):

@@ -12,6 +12,7 @@ import os
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
+from ... import ConfigurationError
 from ...stores.sqlite import DEFAULT_BUSY_TIMEOUT, busy_timeout_option, parse_sqlite_url
 from ..domain import DEFAULT_STORE, default_db_url, same_database
 
@@ -20,7 +21,9 @@ ORDERHUB_DB = os.environ.get("RETRYSAFE_DEMO_DB") or default_db_url(ORDERHUB_STO
 
 
 def database(url: str) -> dict[str, Any]:
-    """``DATABASES["default"]`` for a ``sqlite:///`` or ``postgresql://`` URL."""
+    """``DATABASES["default"]`` for a ``sqlite:///``, ``postgresql://`` or ``mysql://`` URL
+    (MySQL and MariaDB through PyMySQL, the driver of ``retrysafe[mysql]``, standing in for
+    mysqlclient)."""
     if url.startswith("sqlite:///"):
         path, options = parse_sqlite_url(url)
         busy = busy_timeout_option(options)
@@ -34,11 +37,23 @@ def database(url: str) -> dict[str, Any]:
         sqlite = {"timeout": timeout, "init_command": "PRAGMA journal_mode=WAL;"}
         return {"ENGINE": "django.db.backends.sqlite3", "NAME": path, "OPTIONS": sqlite}
     parts = urlsplit(url)
-    # libpq options in the query (e.g. options=-csearch_path=orderhub) go to the driver;
-    # store options (table=...) do not.
+    if parts.scheme in ("mysql", "mariadb"):
+        try:
+            import pymysql
+        except ImportError as exc:
+            raise ConfigurationError(
+                "OrderHub on MySQL needs PyMySQL: pip install 'retrysafe[mysql]'"
+            ) from exc
+        pymysql.install_as_MySQLdb()
+        engine, options = "django.db.backends.mysql", {"charset": "utf8mb4"}
+    else:
+        # libpq options in the query (e.g. options=-csearch_path=orderhub) go to the driver;
+        # store options (table=...) do not.
+        engine = "django.db.backends.postgresql"
+        options = {k: v for k, v in parse_qsl(parts.query) if k in ("options", "sslmode")}
     return {
-        "ENGINE": "django.db.backends.postgresql",
-        "OPTIONS": {k: v for k, v in parse_qsl(parts.query) if k in ("options", "sslmode")},
+        "ENGINE": engine,
+        "OPTIONS": options,
         "NAME": unquote(parts.path.lstrip("/")),
         "USER": unquote(parts.username or ""),
         "PASSWORD": unquote(parts.password or ""),

@@ -130,8 +130,11 @@ def _unavailable(exc: OperationalError) -> bool:
     if "locked" in text or "busy" in text:  # SQLite's single writer, past the wait's bound
         return True
     cause = type(exc.__cause__)
-    # psycopg's OperationalError: the server is gone or refused the connection.
-    return cause.__module__.startswith("psycopg") and cause.__name__ == "OperationalError"
+    # psycopg's and PyMySQL's OperationalError: the server is gone or refused the connection
+    # (MySQL's also: a lock wait timed out, a deadlock).
+    return cause.__module__.startswith(("psycopg", "pymysql")) and (
+        cause.__name__ == "OperationalError"
+    )
 
 
 class ProblemMiddleware:
