@@ -43,17 +43,14 @@ import sqlite3
 from typing import Any
 
 from .._core.transaction import context_transaction, current_context, transaction
+from ._extra import extra
 
-try:
+with extra("sqlalchemy"):
     from sqlalchemy import create_engine
     from sqlalchemy.engine import Engine
     from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engine
     from sqlalchemy.orm import Session
     from sqlalchemy.pool import NullPool
-except ImportError as exc:  # pragma: no cover - exercised only without the extra
-    raise ImportError(
-        "retrysafe.contrib.sqlalchemy needs: pip install 'retrysafe[sqlalchemy]'"
-    ) from exc
 
 __all__ = ["async_session", "call_session", "session"]
 
