@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Generic, TypeVar
 
 from .._core.call import REPLAYED, Call
+from .._core.codec import RawHeaders
 from .._core.drive import drive
 from .._core.http import Answer, Flow
 from .._core.operation import (
@@ -225,11 +226,7 @@ class AsyncExchange(AsyncOperationRun[Answer, Flow]):
     __slots__ = ()
 
     def settle(
-        self,
-        status: int,
-        headers: list[tuple[bytes, bytes]] | tuple[tuple[bytes, bytes], ...],
-        body: bytes,
-        omitted: bool,
+        self, status: int, headers: RawHeaders, body: bytes, omitted: bool
     ) -> Awaitable[Answer | None]:
         """See :meth:`Flow.settle` (outside transactional mode its plain twin, whose verdict is
         always ``None``; no wrapper coroutine on the hot path)."""

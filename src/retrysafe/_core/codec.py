@@ -15,10 +15,14 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
+from typing import TypeAlias
 
 from .errors import CodecError
 
-__all__ = ["StoredResponse", "decode", "decode_response", "encode", "encode_response"]
+__all__ = ["RawHeaders", "StoredResponse", "decode", "decode_response", "encode", "encode_response"]
+
+#: Response headers as a shell hands them over: a list of pairs or a tuple of them.
+RawHeaders: TypeAlias = list[tuple[bytes, bytes]] | tuple[tuple[bytes, bytes], ...]
 
 _MAGIC = b"RS"
 _VERSION = 2
@@ -62,13 +66,13 @@ def encode_response(response: StoredResponse) -> bytes:
 
 def encode(
     status: int,
-    headers: list[tuple[bytes, bytes]] | tuple[tuple[bytes, bytes], ...],
+    headers: RawHeaders,
     body: bytes,
     body_omitted: bool = False,
     *,
     deny: frozenset[bytes] = frozenset(),
     allow: frozenset[bytes] | None = None,
-    added: list[tuple[bytes, bytes]] | tuple[tuple[bytes, bytes], ...] = (),
+    added: RawHeaders = (),
     lower: bool = True,
 ) -> bytes:
     """:func:`encode_response` from the parts (the hot path: no :class:`StoredResponse`), in

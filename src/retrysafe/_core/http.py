@@ -28,7 +28,7 @@ from collections.abc import Generator, Mapping
 from email.utils import formatdate
 from typing import Any
 
-from .codec import decode, encode
+from .codec import RawHeaders, decode, encode
 from .config import IdempotencyConfig
 from .errors import CodecError, InvalidKeyError, StoreError
 from .events import LOG_LEVELS
@@ -360,11 +360,7 @@ class Flow(Operation[Answer]):
     # -- settlement ------------------------------------------------------------------------
 
     def settle(
-        self,
-        status: int,
-        headers: list[tuple[bytes, bytes]] | tuple[tuple[bytes, bytes], ...],
-        body: bytes,
-        omitted: bool,
+        self, status: int, headers: RawHeaders, body: bytes, omitted: bool
     ) -> Generator[Action, Any, Answer | None]:
         """The handler's response is final (its last body chunk has not left yet).
 
@@ -385,23 +381,13 @@ class Flow(Operation[Answer]):
         return None
 
     def settle_plain(
-        self,
-        status: int,
-        headers: list[tuple[bytes, bytes]] | tuple[tuple[bytes, bytes], ...],
-        body: bytes,
-        omitted: bool,
+        self, status: int, headers: RawHeaders, body: bytes, omitted: bool
     ) -> Generator[Action, Any, None]:
         """:meth:`settle` outside transactional mode (the hot path: the operation's own
         generator, no delegation); the runner calls it when :attr:`in_tx` is false."""
         return self.settle_data(self._stored(status, headers, body, omitted))
 
-    def _stored(
-        self,
-        status: int,
-        headers: list[tuple[bytes, bytes]] | tuple[tuple[bytes, bytes], ...],
-        body: bytes,
-        omitted: bool,
-    ) -> bytes | None:
+    def _stored(self, status: int, headers: RawHeaders, body: bytes, omitted: bool) -> bytes | None:
         """The encoded response when the status policy stores it, else ``None``."""
         config = self.config
         if not config.should_store(status):

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
 from .._core.call import REPLAYED, Call
+from .._core.codec import RawHeaders
 from .._core.drive_sync import drive
 from .._core.http import Answer, Flow
 from .._core.operation import (
@@ -224,13 +225,7 @@ class Exchange(OperationRun[Answer, Flow]):
 
     __slots__ = ()
 
-    def settle(
-        self,
-        status: int,
-        headers: list[tuple[bytes, bytes]] | tuple[tuple[bytes, bytes], ...],
-        body: bytes,
-        omitted: bool,
-    ) -> Answer | None:
+    def settle(self, status: int, headers: RawHeaders, body: bytes, omitted: bool) -> Answer | None:
         """See :meth:`Flow.settle` (outside transactional mode its plain twin, whose verdict is
         always ``None``; no wrapper coroutine on the hot path)."""
         flow = self.flow

@@ -23,7 +23,6 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 from typing import Protocol, runtime_checkable
 
 from .._core.errors import ConfigurationError
@@ -144,24 +143,14 @@ class Operation:
         self._tokens.append(_current.set(self))
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         _current.reset(self._tokens.pop())
 
     async def __aenter__(self) -> Operation:
         return self.__enter__()
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.__exit__(exc_type, exc, tb)
+    async def __aexit__(self, *exc_info: object) -> None:
+        _current.reset(self._tokens.pop())
 
     def __repr__(self) -> str:
         # Never the raw key: reprs end up in logs.

@@ -54,12 +54,11 @@ from .._core.transaction import CONTEXT_SCOPE_KEY
 from .._core.transaction import mark_committed as core_mark_committed
 from .._core.transaction import transaction as core_transaction
 from ..stores import AsyncStore, Store, resolve_async_store
+from ._extra import extra
 
-try:
+with extra("aiohttp"):
     from aiohttp import ClientPayloadError, payload, web
     from aiohttp.http_exceptions import HttpProcessingError
-except ImportError as exc:  # pragma: no cover - exercised only without the extra
-    raise ImportError("retrysafe.contrib.aiohttp needs: pip install 'retrysafe[aiohttp]'") from exc
 
 __all__ = [
     "IDEMPOTENCY",

@@ -47,11 +47,10 @@ from ..calls import (
     warn_once,
 )
 from ..stores import AsyncStore, Store
+from ._extra import extra
 
-try:
+with extra("arq"):
     from arq.worker import Function
-except ImportError as exc:  # pragma: no cover - exercised only without the extra
-    raise ImportError("retrysafe.contrib.arq needs: pip install 'retrysafe[arq]'") from exc
 
 __all__ = ["check_at_startup", "check_worker", "idempotent_job"]
 

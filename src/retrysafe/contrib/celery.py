@@ -55,13 +55,12 @@ from ..calls import (
     warn_once,
 )
 from ..stores import Store
+from ._extra import extra
 
-try:
+with extra("celery"):
     from celery import Celery, signals
     from celery._state import get_current_task
     from celery.exceptions import Reject, Retry
-except ImportError as exc:  # pragma: no cover - exercised only without the extra
-    raise ImportError("retrysafe.contrib.celery needs: pip install 'retrysafe[celery]'") from exc
 
 __all__ = ["check_worker", "idempotency_key", "idempotent_task"]
 

@@ -49,14 +49,11 @@ from ..calls import (
     warn_once,
 )
 from ..stores import Store
+from ._extra import extra
 
-try:
+with extra("dramatiq"):
     from dramatiq.errors import Retry
     from dramatiq.middleware import Middleware, MiddlewareError, Retries
-except ImportError as exc:  # pragma: no cover - exercised only without the extra
-    raise ImportError(
-        "retrysafe.contrib.dramatiq needs: pip install 'retrysafe[dramatiq]'"
-    ) from exc
 
 __all__ = ["ActorConfigurationError", "Idempotency", "idempotency_key"]
 

@@ -30,12 +30,11 @@ from .._core.routes import ROUTE_OPTIONS_ATTR, idempotent
 from .._core.transaction import transaction
 from ..asgi import IdempotencyMiddleware
 from ..stores import AsyncStore, Store, resolve_async_store
+from ._extra import extra
 
-try:
+with extra("fastapi"):
     from fastapi import Depends, FastAPI, Request
     from fastapi.routing import APIRoute
-except ImportError as exc:  # pragma: no cover - exercised only without the extra
-    raise ImportError("retrysafe.contrib.fastapi needs: pip install 'retrysafe[fastapi]'") from exc
 
 __all__ = [
     "IdempotencyMiddleware",

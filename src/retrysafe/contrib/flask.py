@@ -45,14 +45,13 @@ from .._core.scope import authorization_scope
 from ..ops import commands as ops
 from ..ops.records import target_record_id
 from ..stores import Store, resolve_store
+from ._extra import extra
 
-try:
+with extra("flask"):
     import click
     from flask import Flask, current_app, request
     from flask.cli import AppGroup
     from werkzeug.exceptions import HTTPException
-except ImportError as exc:  # pragma: no cover - exercised only without the extra
-    raise ImportError("retrysafe.contrib.flask needs: pip install 'retrysafe[flask]'") from exc
 
 __all__ = [
     "CONFIG_PREFIX",

@@ -55,18 +55,18 @@ from .._core.rpc import (
 from .._core.transaction import CURRENT_CALL
 from .._sync.runner import OperationRun, Runner
 from ..stores import AsyncStore, Store, resolve_async_store, resolve_store
-from ._grpc_client import (
-    AsyncIdempotencyKeyInterceptor,
-    IdempotencyKeyInterceptor,
-    call_key,
-    method_names,
-)
+from ._extra import extra
 
-try:
+with extra("grpc"):
     import grpc
     import grpc.aio
-except ImportError as exc:  # pragma: no cover - exercised only without the extra
-    raise ImportError("retrysafe.contrib.grpc needs: pip install 'retrysafe[grpc]'") from exc
+
+    from ._grpc_client import (
+        AsyncIdempotencyKeyInterceptor,
+        IdempotencyKeyInterceptor,
+        call_key,
+        method_names,
+    )
 
 __all__ = [
     "KEY",

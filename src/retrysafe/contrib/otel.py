@@ -37,14 +37,13 @@ from typing import Any
 
 from .._core.config import EventHook
 from ..stores import AsyncStore, Store
+from ._extra import extra
 from ._instrument import OUTCOMES, InstrumentedStore, instrument, store_kind
 
-try:
+with extra("otel"):
     from opentelemetry import context as otel_context
     from opentelemetry import trace
     from opentelemetry.trace import Span, SpanKind, Status, StatusCode, TracerProvider
-except ImportError as exc:  # pragma: no cover - exercised only without the extra
-    raise ImportError("retrysafe.contrib.otel needs: pip install 'retrysafe[otel]'") from exc
 
 __all__ = ["SPAN_EVENTS", "OpenTelemetryTracing"]
 

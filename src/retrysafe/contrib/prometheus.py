@@ -45,10 +45,11 @@ from typing import Any
 
 from .._core.config import EventHook
 from ..stores import AsyncStore, Store
+from ._extra import extra
 from ._instrument import OUTCOMES as REQUEST_OUTCOMES
 from ._instrument import InstrumentedStore, instrument, store_kind
 
-try:
+with extra("prometheus"):
     from prometheus_client import (
         CONTENT_TYPE_LATEST,
         REGISTRY,
@@ -60,10 +61,6 @@ try:
     )
     from prometheus_client import multiprocess as _multiprocess
     from prometheus_client import values as _values
-except ImportError as exc:  # pragma: no cover - exercised only without the extra
-    raise ImportError(
-        "retrysafe.contrib.prometheus needs: pip install 'retrysafe[prometheus]'"
-    ) from exc
 
 __all__ = [
     "DEFAULT_BUCKETS",

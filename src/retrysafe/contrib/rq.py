@@ -52,13 +52,12 @@ from ..calls import (
     warn_once,
 )
 from ..stores import Store
+from ._extra import extra
 
-try:
+with extra("rq"):
     import rq.worker
     from rq import get_current_job
     from rq.job import Job
-except ImportError as exc:  # pragma: no cover - exercised only without the extra
-    raise ImportError("retrysafe.contrib.rq needs: pip install 'retrysafe[rq]'") from exc
 
 __all__ = ["Worker", "check_job", "check_worker", "idempotency_key", "idempotent_job"]
 

@@ -43,49 +43,51 @@ import sqlite3
 from typing import Any
 
 from .._core.transaction import context_transaction, current_context, transaction
+from ._extra import extra
 
-try:
+with extra("sqlalchemy"):
     from sqlalchemy import create_engine
     from sqlalchemy.engine import Engine
     from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engine
     from sqlalchemy.orm import Session
     from sqlalchemy.pool import NullPool
-except ImportError as exc:  # pragma: no cover - exercised only without the extra
-    raise ImportError(
-        "retrysafe.contrib.sqlalchemy needs: pip install 'retrysafe[sqlalchemy]'"
-    ) from exc
 
 __all__ = ["async_session", "call_session", "session"]
 
 _current: contextvars.ContextVar[Any] = contextvars.ContextVar("retrysafe_sqlalchemy_connection")
 
 
-class _SQLiteConnection:
-    """The request's ``sqlite3.Connection`` as SQLAlchemy sees it: everything passes through
-    except ending the transaction or the connection, which belong to retrysafe."""
+class _Lent:
+    """A connection retrysafe lends SQLAlchemy for one request or call: every attribute passes
+    through to it, except the methods a subclass ignores."""
 
-    def __init__(self, conn: sqlite3.Connection) -> None:
+    def __init__(self, conn: Any) -> None:
         self._conn = conn
-
-    def commit(self) -> None:
-        """Ignored: retrysafe commits with the idempotency record."""
-
-    def rollback(self) -> None:
-        """Ignored: retrysafe rolls back when the request fails."""
-
-    def close(self) -> None:
-        """Ignored: the connection goes back to retrysafe's pool."""
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._conn, name)
 
 
-class _AsyncpgConnection:
-    """The request's ``asyncpg.Connection`` as SQLAlchemy sees it: ``close``/``terminate`` are
-    ignored (the connection goes back to retrysafe's pool); everything else passes through."""
+class _LentSync(_Lent):
+    """Ending the transaction or the connection is ignored (both belong to retrysafe)."""
 
-    def __init__(self, conn: Any) -> None:
-        self._conn = conn
+    def commit(self) -> None:
+        """Ignored: retrysafe commits with the idempotency record."""
+
+    def rollback(self) -> None:
+        """Ignored: retrysafe rolls back when the request or call fails."""
+
+    def close(self) -> None:
+        """Ignored: the connection goes back to retrysafe's pool."""
+
+
+class _SQLiteConnection(_LentSync):
+    """The request's ``sqlite3.Connection`` as SQLAlchemy sees it."""
+
+
+class _AsyncpgConnection(_Lent):
+    """The request's ``asyncpg.Connection`` as SQLAlchemy sees it: ``close``/``terminate`` are
+    ignored (the connection goes back to retrysafe's pool)."""
 
     async def close(self, timeout: float | None = None) -> None:  # noqa: ASYNC109 (asyncpg's signature)
         """Ignored."""
@@ -93,65 +95,28 @@ class _AsyncpgConnection:
     def terminate(self) -> None:
         """Ignored."""
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._conn, name)
 
-
-class _PsycopgConnection:
+class _PsycopgConnection(_LentSync):
     """The call's ``psycopg.Connection`` as SQLAlchemy sees it: its own (client-side binding)
-    cursors, since the store's connections use PostgreSQL's ``$1`` placeholders; ending the
-    transaction or the connection is ignored (both belong to retrysafe)."""
-
-    def __init__(self, conn: Any) -> None:
-        self._conn = conn
+    cursors, since the store's connections use PostgreSQL's ``$1`` placeholders."""
 
     def cursor(self, *args: Any, **kwargs: Any) -> Any:
         import psycopg
 
         return psycopg.Cursor(self._conn)
 
-    def commit(self) -> None:
-        """Ignored: retrysafe commits with the idempotency record."""
 
-    def rollback(self) -> None:
-        """Ignored: retrysafe rolls back when the call fails."""
-
-    def close(self) -> None:
-        """Ignored: the connection goes back to retrysafe's pool."""
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._conn, name)
-
-
-class _PyMySQLConnection:
-    """The call's ``pymysql.Connection`` as SQLAlchemy sees it: ending the transaction or the
-    connection, or switching autocommit on, is ignored (all belong to retrysafe)."""
-
-    def __init__(self, conn: Any) -> None:
-        self._conn = conn
-
-    def commit(self) -> None:
-        """Ignored: retrysafe commits with the idempotency record."""
-
-    def rollback(self) -> None:
-        """Ignored: retrysafe rolls back when the call fails."""
-
-    def close(self) -> None:
-        """Ignored: the connection goes back to retrysafe's pool."""
+class _PyMySQLConnection(_LentSync):
+    """The call's ``pymysql.Connection`` as SQLAlchemy sees it: switching autocommit on is
+    ignored too."""
 
     def autocommit(self, value: bool) -> None:
         """Ignored: the connection stays in the idempotent transaction."""
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._conn, name)
 
-
-class _AsyncmyConnection:
+class _AsyncmyConnection(_Lent):
     """The request's ``asyncmy.Connection`` as SQLAlchemy sees it: as for PyMySQL, with the
     awaitable methods that SQLAlchemy's asyncmy adapter calls."""
-
-    def __init__(self, conn: Any) -> None:
-        self._conn = conn
 
     async def commit(self) -> None:
         """Ignored: retrysafe commits with the idempotency record."""
@@ -167,9 +132,6 @@ class _AsyncmyConnection:
 
     async def autocommit(self, value: bool) -> None:
         """Ignored: the connection stays in the idempotent transaction."""
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._conn, name)
 
 
 def _is_mysql(conn: Any) -> bool:

@@ -47,11 +47,10 @@ from ..calls import (
     warn_once,
 )
 from ..stores import AsyncStore, Store
+from ._extra import extra
 
-try:
+with extra("taskiq"):
     from taskiq import TaskiqMessage, TaskiqMiddleware
-except ImportError as exc:  # pragma: no cover - exercised only without the extra
-    raise ImportError("retrysafe.contrib.taskiq needs: pip install 'retrysafe[taskiq]'") from exc
 
 __all__ = ["Idempotency", "idempotency_key", "idempotent_task"]
 

@@ -27,6 +27,7 @@ import collections
 import ssl
 import time
 from collections.abc import AsyncIterator
+from dataclasses import KW_ONLY, dataclass
 from typing import Any
 
 import httptools
@@ -280,6 +281,7 @@ def _expire(waiter: asyncio.Future[None], message: str) -> None:
         waiter.set_exception(UpstreamError(message, timeout=True))
 
 
+@dataclass(eq=False, repr=False)
 class Pool:
     """Keep-alive connections to one upstream origin, at most ``max_connections`` at once.
 
@@ -293,24 +295,16 @@ class Pool:
         keepalive_expiry: an idle connection older than this is closed rather than reused.
     """
 
-    def __init__(
-        self,
-        host: str,
-        port: int,
-        *,
-        tls: ssl.SSLContext | None,
-        max_connections: int,
-        connect_timeout: float,
-        timeout: float,
-        keepalive_expiry: float,
-    ) -> None:
-        self.host = host
-        self.port = port
-        self.tls = tls
-        self.max_connections = max_connections
-        self.connect_timeout = connect_timeout
-        self.timeout = timeout
-        self.keepalive_expiry = keepalive_expiry
+    host: str
+    port: int
+    _: KW_ONLY
+    tls: ssl.SSLContext | None
+    max_connections: int
+    connect_timeout: float
+    timeout: float
+    keepalive_expiry: float
+
+    def __post_init__(self) -> None:
         self.loop = asyncio.get_running_loop()
         self._idle: list[Connection] = []  # most recently used last
         self._open = 0

@@ -8,6 +8,7 @@ import gc
 import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
+from dataclasses import KW_ONLY, dataclass
 from typing import Any, cast
 
 from .._core.errors import StoreError
@@ -28,24 +29,17 @@ HEALTH_PATH = "/-/healthz"
 READY_PATH = "/-/readyz"
 
 
+@dataclass(eq=False)
 class _Front:
     """Answers the proxy's own endpoints and hands every other request to its route's stack."""
 
-    def __init__(
-        self,
-        proxy: UpstreamProxy,
-        store: AsyncStore,
-        default: ASGIApp,
-        routes: list[tuple[RoutePolicy, ASGIApp]],
-        *,
-        early_commit: bool = False,
-    ) -> None:
-        self.proxy = proxy
-        self.store = store
-        self.default = default
-        self.routes = routes
-        #: Take an idle upstream connection before the reservation (see ``_commit``).
-        self.early_commit = early_commit
+    proxy: UpstreamProxy
+    store: AsyncStore
+    default: ASGIApp
+    routes: list[tuple[RoutePolicy, ASGIApp]]
+    _: KW_ONLY
+    #: Take an idle upstream connection before the reservation (see ``_commit``).
+    early_commit: bool = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]

@@ -32,6 +32,7 @@ import functools
 import ssl as ssl_module
 from collections import deque
 from collections.abc import Callable
+from dataclasses import KW_ONLY, dataclass
 from typing import Any, TypeVar, cast
 
 import hiredis
@@ -177,6 +178,7 @@ class _Connection(asyncio.Protocol):
             self._transport.close()
 
 
+@dataclass(eq=False, repr=False)
 class LeanRedis:
     """A minimal asyncio Redis client: one pipelined connection, opened lazily, reopened on loss.
 
@@ -191,27 +193,18 @@ class LeanRedis:
         connect_timeout: seconds a connection attempt may take.
     """
 
-    def __init__(
-        self,
-        host: str = "127.0.0.1",
-        port: int = 6379,
-        *,
-        db: int = 0,
-        username: str | None = None,
-        password: str | None = None,
-        ssl: ssl_module.SSLContext | None = None,
-        timeout: float = 2.0,
-        connect_timeout: float = 2.0,
-    ) -> None:
-        self.host = host
-        self.port = port
-        self.db = db
-        self.username = username
-        self.password = password
-        self.ssl = ssl
-        self.timeout = timeout
-        self.connect_timeout = connect_timeout
-        self.where = f"{host}:{port}"
+    host: str = "127.0.0.1"
+    port: int = 6379
+    _: KW_ONLY
+    db: int = 0
+    username: str | None = None
+    password: str | None = None
+    ssl: ssl_module.SSLContext | None = None
+    timeout: float = 2.0
+    connect_timeout: float = 2.0
+
+    def __post_init__(self) -> None:
+        self.where = f"{self.host}:{self.port}"
         self._conn: _Connection | None = None
         self._connecting: asyncio.Task[_Connection] | None = None
         #: The WAIT the commands of this event-loop iteration share (see execute_acked).
