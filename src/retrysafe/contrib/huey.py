@@ -51,13 +51,12 @@ from typing import Any, ParamSpec, TypeVar, Unpack
 from .._core.errors import ConfigurationError
 from ..calls import FunctionOptions, IdempotentFunction, task_function, warn_once
 from ..stores import Store
+from ._extra import extra
 
-try:
+with extra("huey"):
     from huey import Huey, signals
     from huey.exceptions import RetryTask
     from huey.storage import BlackHoleStorage, MemoryStorage, RedisStorage
-except ImportError as exc:  # pragma: no cover - exercised only without the extra
-    raise ImportError("retrysafe.contrib.huey needs: pip install 'retrysafe[huey]'") from exc
 
 __all__ = ["HEARTBEAT", "check_huey", "idempotent_task"]
 
