@@ -25,6 +25,7 @@ __all__ = [
     "CONTEXT_SCOPE_KEY",
     "CURRENT_CALL",
     "AsyncTransaction",
+    "ForwardedState",
     "Transaction",
     "TransactionState",
     "context_transaction",
@@ -56,6 +57,30 @@ class TransactionState(Protocol):
     def broken(self) -> bool:
         """Whether the transaction's connection has died (its work is lost)."""
         ...
+
+
+class ForwardedState:
+    """The state of a transaction that wraps another one, ``wrapped`` (an instrumented
+    transaction, Django's async face of its sync one): read from the wrapped transaction."""
+
+    __slots__ = ()
+
+    wrapped: TransactionState
+
+    @property
+    def begun(self) -> bool:
+        """See :attr:`TransactionState.begun`."""
+        return self.wrapped.begun
+
+    @property
+    def broken(self) -> bool:
+        """See :attr:`TransactionState.broken`."""
+        return self.wrapped.broken
+
+    @property
+    def holds_write_lock(self) -> bool:
+        """Whether the wrapped transaction holds its database's single write lock (SQLite)."""
+        return bool(getattr(self.wrapped, "holds_write_lock", False))
 
 
 @runtime_checkable

@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .._core.records import Record, Reservation
-from .._core.transaction import AsyncTransaction
+from .._core.transaction import AsyncTransaction, ForwardedState
 from ..stores import AsyncStore
 
 if TYPE_CHECKING:
@@ -122,7 +122,7 @@ class InstrumentedSQLStore(InstrumentedStore):
         return InstrumentedTransaction(self.inner.begin(), self._observe)  # type: ignore[attr-defined]
 
 
-class InstrumentedTransaction:
+class InstrumentedTransaction(ForwardedState):
     """A transaction whose begin (first :meth:`connection`), commit and rollback are observed.
 
     Args:
@@ -131,23 +131,8 @@ class InstrumentedTransaction:
     """
 
     def __init__(self, inner: AsyncTransaction, observe: Observe) -> None:
-        self.inner = inner
+        self.inner = self.wrapped = inner
         self._observe = observe
-
-    @property
-    def begun(self) -> bool:
-        """See :attr:`retrysafe._core.transaction.AsyncTransaction.begun`."""
-        return self.inner.begun
-
-    @property
-    def broken(self) -> bool:
-        """See :attr:`retrysafe._core.transaction.AsyncTransaction.broken`."""
-        return self.inner.broken
-
-    @property
-    def holds_write_lock(self) -> bool:
-        """Whether the wrapped transaction holds its database's single write lock (SQLite)."""
-        return bool(getattr(self.inner, "holds_write_lock", False))
 
     async def connection(self) -> Any:
         """Begin the transaction if needed (observed as ``begin``); return its connection."""

@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .._core.records import Record, Reservation
-from .._core.transaction import Transaction
+from .._core.transaction import ForwardedState, Transaction
 from ..stores import Store
 
 if TYPE_CHECKING:
@@ -126,7 +126,7 @@ class SyncInstrumentedSQLStore(SyncInstrumentedStore):
         return SyncInstrumentedTransaction(self.inner.begin(), self._observe)  # type: ignore[attr-defined]
 
 
-class SyncInstrumentedTransaction:
+class SyncInstrumentedTransaction(ForwardedState):
     """A transaction whose begin (first :meth:`connection`), commit and rollback are observed.
 
     Args:
@@ -135,23 +135,8 @@ class SyncInstrumentedTransaction:
     """
 
     def __init__(self, inner: Transaction, observe: Observe) -> None:
-        self.inner = inner
+        self.inner = self.wrapped = inner
         self._observe = observe
-
-    @property
-    def begun(self) -> bool:
-        """See :attr:`retrysafe._core.transaction.Transaction.begun`."""
-        return self.inner.begun
-
-    @property
-    def broken(self) -> bool:
-        """See :attr:`retrysafe._core.transaction.Transaction.broken`."""
-        return self.inner.broken
-
-    @property
-    def holds_write_lock(self) -> bool:
-        """Whether the wrapped transaction holds its database's single write lock (SQLite)."""
-        return bool(getattr(self.inner, "holds_write_lock", False))
 
     def connection(self) -> Any:
         """Begin the transaction if needed (observed as ``begin``); return its connection."""

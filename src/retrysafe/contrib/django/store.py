@@ -38,6 +38,7 @@ from django.db import (
 
 from ..._core.errors import ConfigurationError, StoreError, StoreUnavailableError
 from ..._core.records import Record, Reservation, new_token
+from ..._core.transaction import ForwardedState
 from ...stores._registry import Backend, parse_store_url
 from ...stores._sql import record_from_row, settled_from_row
 from ...stores._url import StoreURL
@@ -499,7 +500,7 @@ class AsyncDjangoStore:
         """Nothing to do: Django owns its connections."""
 
 
-class AsyncDjangoTransaction:
+class AsyncDjangoTransaction(ForwardedState):
     """The async face of :class:`DjangoTransaction`: every step runs in the request's
     thread-sensitive thread, the one where Django runs the request's sync code and ORM calls
     (``sync_to_async(thread_sensitive=True)``), so the atomic block and the view's writes share
@@ -512,22 +513,7 @@ class AsyncDjangoTransaction:
     begins_eagerly = True  # see DjangoTransaction.begins_eagerly
 
     def __init__(self, tx: DjangoTransaction) -> None:
-        self.sync = tx
-
-    @property
-    def begun(self) -> bool:
-        """See :attr:`DjangoTransaction.begun`."""
-        return self.sync.begun
-
-    @property
-    def broken(self) -> bool:
-        """See :attr:`DjangoTransaction.broken`."""
-        return self.sync.broken
-
-    @property
-    def holds_write_lock(self) -> bool:
-        """See :attr:`DjangoTransaction.holds_write_lock`."""
-        return self.sync.holds_write_lock
+        self.sync = self.wrapped = tx
 
     async def connection(self) -> Any:
         """See :meth:`DjangoTransaction.connection`."""
