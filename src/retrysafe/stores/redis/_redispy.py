@@ -8,6 +8,7 @@ import contextlib
 import functools
 import inspect
 import threading
+import time
 import weakref
 from collections.abc import Iterator
 from typing import Any
@@ -67,8 +68,12 @@ def client_errors(what: str) -> Iterator[None]:
 
 
 #: Tries of a script and its ``WAIT`` on a slot's master that meet a redirection (the slot
-#: moved: nothing ran), each after the slot map is read again.
-_ROUTE_ATTEMPTS = 3
+#: moved: nothing ran), each after the slot map is read again, the later ones after a pause
+#: (``_ROUTE_PAUSE`` doubled each time, 0.75 s in all): right after a failover the node asked
+#: for the map may not know the slot's new master yet (the cluster's views converge by gossip,
+#: slower on a loaded machine), as redis-py's own client waits on ``TRYAGAIN``.
+_ROUTE_ATTEMPTS = 6
+_ROUTE_PAUSE = 0.05
 #: Replies that say the command did not run on that node: another node serves the slot now.
 _REDIRECTED = (AskError, TryAgainError)  # MovedError is an AskError
 
@@ -95,7 +100,9 @@ async def pipeline_async(client: Any, key: Any, commands: list[tuple[Any, ...]])
     from redis.asyncio.cluster import PipelineCommand
 
     rereads = _rereads(client)
-    for _ in range(_ROUTE_ATTEMPTS):
+    for attempt in range(_ROUTE_ATTEMPTS):
+        if attempt > 1:
+            await asyncio.sleep(_ROUTE_PAUSE * 2 ** (attempt - 2))
         await client.initialize()  # the first use reads the slot map; later, nothing
         node = client.get_node_from_key(key)
         queued = [PipelineCommand(i, *command) for i, command in enumerate(commands)]
@@ -174,7 +181,9 @@ def pipeline_sync(client: Any, key: Any, commands: list[tuple[Any, ...]]) -> lis
     """:func:`pipeline_async` on redis-py's sync clients (a cluster's: on the connection pool
     of the master of ``key``'s slot)."""
     cluster = _is_cluster(client)
-    for _ in range(_ROUTE_ATTEMPTS):
+    for attempt in range(_ROUTE_ATTEMPTS):
+        if attempt > 1:
+            time.sleep(_ROUTE_PAUSE * 2 ** (attempt - 2))
         target = client
         if cluster:
             target = client.get_redis_connection(client.get_node_from_key(key))
