@@ -20,6 +20,7 @@ from ._asgi_startup import start_up_checks
 from ._async.runner import AsyncExchange, AsyncRunner
 from ._body import BodyRefused, read_asgi_body
 from ._core.config import IdempotencyConfig, front_config, front_store
+from ._core.drive import drive
 from ._core.http import EXECUTE, RUN_UNPROTECTED, Answer, Capture, Flow, admit, notify, too_large
 from ._core.request import Request, content_length, exact_path
 from ._core.transaction import CONTEXT_SCOPE_KEY
@@ -134,10 +135,10 @@ class IdempotencyMiddleware:
             notify(config, admitted.event or "", request, "")
             await _send_answer(send, admitted)
             return
-        execution = _Execution(self._runner, Flow(config, request, admitted, body), self.app)
+        execution = _Execution(self._runner, Flow(config, request, admitted, body))
         verdict = await execution.claim()
         if verdict is EXECUTE:
-            await execution.run(scope, receive, send, body)
+            await execution.run(self.app, scope, receive, send, body)
         elif verdict is RUN_UNPROTECTED:
             await self.app(scope, _body_then(receive, body), send)
         else:
@@ -173,12 +174,10 @@ class _Execution(AsyncExchange):
         "settled", "status",
     )  # fmt: skip
 
-    def __init__(self, runner: AsyncRunner, flow: Flow, app: ASGIApp) -> None:
-        AsyncExchange.__init__(self, runner, flow)
-        self.app = app
-
-    def run(self, scope: Scope, receive: Receive, send: Send, body: bytes) -> Awaitable[None]:
-        self.scope, self.receive, self.send = scope, receive, send
+    def run(
+        self, app: ASGIApp, scope: Scope, receive: Receive, send: Send, body: bytes
+    ) -> Awaitable[None]:
+        self.app, self.scope, self.receive, self.send = app, scope, receive, send
         self.body: bytes | None = body
         self.status = 0
         self.headers: list[tuple[bytes, bytes]] = []
@@ -218,7 +217,9 @@ class _Execution(AsyncExchange):
             if not self.settled:
                 await self.incomplete()
         finally:
-            await self.end()
+            steps = self.flow.finish()  # end(), written out: no coroutine when nothing is open
+            if steps is not None:
+                await drive(steps, self)
             del self.scope[CONTEXT_SCOPE_KEY]  # the request holds the scope: leave no cycle
 
     def _detach(self) -> bool:

@@ -96,7 +96,7 @@ class AsyncOperationRun(Generic[V, F]):
         self.store = runner.store
         self.keeper = runner.keeper
         self.tx: AsyncTransaction | None = None
-        self.finalizers: list[Callable[[bool], Awaitable[None]]] = []
+        self.finalizers: list[Callable[[bool], Awaitable[None]]] | None = None  # made on first use
 
     # -- what a shell calls, in order --------------------------------------------------------
 
@@ -136,6 +136,8 @@ class AsyncOperationRun(Generic[V, F]):
     def add_finalizer(self, finalizer: Callable[[bool], Awaitable[None]]) -> None:
         """Run ``finalizer(ok)`` before the transaction ends (``ok``: it is about to commit),
         e.g. to flush and close an ORM session opened on it."""
+        if self.finalizers is None:
+            self.finalizers = []
         self.finalizers.append(finalizer)
 
     async def mark_committed(self) -> bool:
@@ -209,8 +211,8 @@ class AsyncOperationRun(Generic[V, F]):
                 await tx.close()
             return None
         if op is FINALIZE:
-            finalizers, self.finalizers = self.finalizers, []
-            for finalizer in finalizers:
+            finalizers, self.finalizers = self.finalizers, None
+            for finalizer in finalizers or ():
                 await finalizer(arg)
             return None
         if op is SLEEP:

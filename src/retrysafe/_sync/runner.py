@@ -97,7 +97,7 @@ class OperationRun(Generic[V, F]):
         self.store = runner.store
         self.keeper = runner.keeper
         self.tx: Transaction | None = None
-        self.finalizers: list[Callable[[bool], None]] = []
+        self.finalizers: list[Callable[[bool], None]] | None = None  # made on first use
 
     # -- what a shell calls, in order --------------------------------------------------------
 
@@ -137,6 +137,8 @@ class OperationRun(Generic[V, F]):
     def add_finalizer(self, finalizer: Callable[[bool], None]) -> None:
         """Run ``finalizer(ok)`` before the transaction ends (``ok``: it is about to commit),
         e.g. to flush and close an ORM session opened on it."""
+        if self.finalizers is None:
+            self.finalizers = []
         self.finalizers.append(finalizer)
 
     def mark_committed(self) -> bool:
@@ -209,8 +211,8 @@ class OperationRun(Generic[V, F]):
                 tx.close()
             return None
         if op is FINALIZE:
-            finalizers, self.finalizers = self.finalizers, []
-            for finalizer in finalizers:
+            finalizers, self.finalizers = self.finalizers, None
+            for finalizer in finalizers or ():
                 finalizer(arg)
             return None
         if op is SLEEP:
