@@ -342,7 +342,8 @@ class _Body:
         try:
             self.answer = execution.exchange.settle(
                 execution.status,
-                [(n.lower().encode("latin-1"), v.encode("latin-1")) for n, v in execution.headers],
+                # The names as given: the stored response's encoder lower-cases them.
+                [(n.encode("latin-1"), v.encode("latin-1")) for n, v in execution.headers],
                 self.capture.body,
                 self.capture.omitted,
             )
