@@ -98,7 +98,7 @@ def other_owner(token: str | None) -> str | None:
     return None if owner == new_token.prefix else owner
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class Record:
     """What a store holds for one scoped key.
 
@@ -118,8 +118,24 @@ class Record:
     lease_remaining: float = 0.0
     committed: bool = False
 
+    def __init__(
+        self,
+        fingerprint: str,
+        state: RecordState,
+        response: bytes | None = None,
+        lease_remaining: float = 0.0,
+        committed: bool = False,
+    ) -> None:
+        # The generated __init__ of a frozen class sets each field through object.__setattr__;
+        # each slot's own setter does the same at half the cost (every replay makes a record).
+        _set_fingerprint(self, fingerprint)
+        _set_state(self, state)
+        _set_response(self, response)
+        _set_lease_remaining(self, lease_remaining)
+        _set_committed(self, committed)
 
-@dataclass(frozen=True, slots=True)
+
+@dataclass(frozen=True, slots=True, init=False)
 class Reservation:
     """The result of :meth:`Store.reserve`: either this call won the key, or the existing record.
 
@@ -131,7 +147,22 @@ class Reservation:
     token: str | None = None
     record: Record | None = None
 
+    def __init__(self, token: str | None = None, record: Record | None = None) -> None:
+        # As Record's (every keyed request makes a reservation).
+        _set_token(self, token)
+        _set_record(self, record)
+
     @property
     def acquired(self) -> bool:
         """Whether this call won the key and must run the request."""
         return self.token is not None
+
+
+# The slots' own setters (a frozen class's __setattr__ refuses every assignment).
+_set_fingerprint = Record.__dict__["fingerprint"].__set__
+_set_state = Record.__dict__["state"].__set__
+_set_response = Record.__dict__["response"].__set__
+_set_lease_remaining = Record.__dict__["lease_remaining"].__set__
+_set_committed = Record.__dict__["committed"].__set__
+_set_token = Reservation.__dict__["token"].__set__
+_set_record = Reservation.__dict__["record"].__set__
