@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import os
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -158,11 +159,17 @@ class Reservation:
         return self.token is not None
 
 
-# The slots' own setters (a frozen class's __setattr__ refuses every assignment).
-_set_fingerprint = Record.__dict__["fingerprint"].__set__
-_set_state = Record.__dict__["state"].__set__
-_set_response = Record.__dict__["response"].__set__
-_set_lease_remaining = Record.__dict__["lease_remaining"].__set__
-_set_committed = Record.__dict__["committed"].__set__
-_set_token = Reservation.__dict__["token"].__set__
-_set_record = Reservation.__dict__["record"].__set__
+def _setter(cls: type, name: str) -> Callable[[object, object], None]:
+    """The setter of a slot of ``cls`` (a frozen class's ``__setattr__`` refuses every
+    assignment; its ``__init__`` sets the fields through these)."""
+    setter: Callable[[object, object], None] = vars(cls)[name].__set__
+    return setter
+
+
+_set_fingerprint = _setter(Record, "fingerprint")
+_set_state = _setter(Record, "state")
+_set_response = _setter(Record, "response")
+_set_lease_remaining = _setter(Record, "lease_remaining")
+_set_committed = _setter(Record, "committed")
+_set_token = _setter(Reservation, "token")
+_set_record = _setter(Reservation, "record")
