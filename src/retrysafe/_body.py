@@ -65,6 +65,8 @@ def read_wsgi_body(environ: Mapping[str, Any], length: int, config: IdempotencyC
                 part = stream.read(min(left, BLOCK))
                 if not part:
                     raise BodyRefused(client_gone())
+                if len(part) == length and type(part) is bytes:
+                    return part  # the whole body in one read (the common case): no join
                 parts.append(part)
                 left -= len(part)
             return b"".join(parts)

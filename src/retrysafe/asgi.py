@@ -19,8 +19,10 @@ from ._asgi_routes import RouteTable, route_template, routes_owner
 from ._asgi_startup import start_up_checks
 from ._async.runner import AsyncExchange, AsyncRunner
 from ._body import BodyRefused, read_asgi_body
+from ._core.codec import RawHeaders
 from ._core.config import IdempotencyConfig, front_config, front_store
-from ._core.http import EXECUTE, RUN_UNPROTECTED, Answer, Capture, Flow, admit, notify, too_large
+from ._core.drive import drive
+from ._core.http import EXECUTE, RUN_UNPROTECTED, Answer, Flow, admit, notify, too_large
 from ._core.request import Request, content_length, exact_path
 from ._core.transaction import CONTEXT_SCOPE_KEY
 from .stores import AsyncStore, Store, resolve_async_store
@@ -134,10 +136,10 @@ class IdempotencyMiddleware:
             notify(config, admitted.event or "", request, "")
             await _send_answer(send, admitted)
             return
-        execution = _Execution(self._runner, Flow(config, request, admitted, body), self.app)
+        execution = _Execution(self._runner, Flow(config, request, admitted, body))
         verdict = await execution.claim()
         if verdict is EXECUTE:
-            await execution.run(scope, receive, send, body)
+            await execution.run(self.app, scope, receive, send, body)
         elif verdict is RUN_UNPROTECTED:
             await self.app(scope, _body_then(receive, body), send)
         else:
@@ -169,21 +171,22 @@ class _Execution(AsyncExchange):
     that captures its response and settles before the last body chunk is forwarded."""
 
     __slots__ = (
-        "app", "body", "capture", "client_gone", "headers", "held", "receive", "scope", "send",
-        "settled", "status",
+        "app", "body", "chunks", "client_gone", "headers", "held", "omitted", "receive", "room",
+        "scope", "send", "settled", "status",
     )  # fmt: skip
 
-    def __init__(self, runner: AsyncRunner, flow: Flow, app: ASGIApp) -> None:
-        AsyncExchange.__init__(self, runner, flow)
-        self.app = app
-
-    def run(self, scope: Scope, receive: Receive, send: Send, body: bytes) -> Awaitable[None]:
-        self.scope, self.receive, self.send = scope, receive, send
+    def run(
+        self, app: ASGIApp, scope: Scope, receive: Receive, send: Send, body: bytes
+    ) -> Awaitable[None]:
+        self.app, self.scope, self.receive, self.send = app, scope, receive, send
         self.body: bytes | None = body
         self.status = 0
-        self.headers: list[tuple[bytes, bytes]] = []
-        self.capture = Capture(self.flow.config.max_stored_body_size)
-        self.settled = self.client_gone = False
+        self.headers: RawHeaders = ()
+        # The body as it will be stored (a Capture, written out: no object, no call per chunk):
+        # every chunk while there is room, past max_stored_body_size none.
+        self.chunks: list[bytes] = []
+        self.room = self.flow.config.max_stored_body_size
+        self.settled = self.client_gone = self.omitted = False
         # Transactional mode: nothing leaves before the commit, which may still fail.
         self.held: list[Message] | None = [] if self.flow.holds_response else None
         scope[CONTEXT_SCOPE_KEY] = self
@@ -218,7 +221,9 @@ class _Execution(AsyncExchange):
             if not self.settled:
                 await self.incomplete()
         finally:
-            await self.end()
+            steps = self.flow.finish()  # end(), written out: no coroutine when nothing is open
+            if steps is not None:
+                await drive(steps, self)
             del self.scope[CONTEXT_SCOPE_KEY]  # the request holds the scope: leave no cycle
 
     def _detach(self) -> bool:
@@ -250,13 +255,21 @@ class _Execution(AsyncExchange):
             if self.flow.added_headers:  # e.g. the retention header
                 message = {**message, "headers": [*self.headers, *self.flow.added_headers]}
         elif kind == "http.response.body":
-            capture = self.capture
-            capture.add(message.get("body", b""))
+            chunk = message.get("body", b"")
+            if chunk and not self.omitted:
+                self.room -= len(chunk)
+                if self.room < 0:
+                    self.omitted = True
+                    self.chunks.clear()
+                else:
+                    self.chunks.append(chunk)
             if not message.get("more_body", False) and not self.settled:
                 self.settled = True
+                chunks = self.chunks
+                body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
                 # Settle before the last byte leaves, so a client that got the answer and
                 # retries at once is replayed, never told "in progress".
-                answer = await self.settle(self.status, self.headers, capture.body, capture.omitted)
+                answer = await self.settle(self.status, self.headers, body, self.omitted)
                 held, self.held = self.held, None
                 if answer is not None:
                     await self._forward_answer(answer)

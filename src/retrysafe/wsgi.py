@@ -22,6 +22,7 @@ from typing import Any
 
 from ._body import BodyRefused, read_wsgi_body
 from ._core.config import IdempotencyConfig, RouteOptions, front_config, front_store
+from ._core.drive_sync import drive
 from ._core.http import EXECUTE, RUN_UNPROTECTED, Answer, Capture, Flow, admit, notify
 from ._core.request import Request, content_length, exact_path, path_of_bytes
 from ._core.routes import route_config
@@ -225,7 +226,9 @@ class _Execution:
         """The request is over: close what the flow keeps open, and leave no cycle (the
         environ holds the exchange, whose request holds the environ)."""
         try:
-            self.exchange.end()
+            steps = self.exchange.flow.finish()  # exchange.end(), written out: no call when
+            if steps is not None:  # nothing is open (the common case)
+                drive(steps, self.exchange)
         finally:
             self.environ.pop(CONTEXT_SCOPE_KEY, None)
 
@@ -249,8 +252,9 @@ class _Execution:
             return
         self.started = True
         if answer is None:
-            added = _native_headers(self.exchange.flow.added_headers)  # e.g. the retention header
-            self.start_response(self.status_line, self.headers + added)
+            added = self.exchange.flow.added_headers  # e.g. the retention header
+            headers = self.headers + _native_headers(added) if added else self.headers
+            self.start_response(self.status_line, headers)
         else:
             self.start_response(_status_line(answer.status), _native_headers(answer.headers))
 
@@ -276,12 +280,15 @@ class _Body:
         return self
 
     def __next__(self) -> bytes:
+        execution = self.execution
         while not self.out:
             if self.done:
-                self.execution.start(self.answer)
+                if not execution.started:
+                    execution.start(self.answer)
                 raise StopIteration
             self._pull()
-        self.execution.start(self.answer)
+        if not execution.started:
+            execution.start(self.answer)
         return self.out.popleft()
 
     def close(self) -> None:
@@ -342,7 +349,8 @@ class _Body:
         try:
             self.answer = execution.exchange.settle(
                 execution.status,
-                [(n.lower().encode("latin-1"), v.encode("latin-1")) for n, v in execution.headers],
+                # The names as given: the stored response's encoder lower-cases them.
+                [(n.encode("latin-1"), v.encode("latin-1")) for n, v in execution.headers],
                 self.capture.body,
                 self.capture.omitted,
             )

@@ -44,14 +44,6 @@ class _LoopKeeper:
         self.wake: asyncio.Future[None] | None = None  # resolved to wake the sweeper early
         self.wakes_at = 0.0
 
-    def added(self, due: float) -> None:
-        """An item was added: start the sweeper, or wake it if the item is due before it."""
-        task = self.task
-        if task is None or task.done():
-            self.task = self.loop.create_task(self._sweep())
-        elif due < self.wakes_at and self.wake is not None and not self.wake.done():
-            self.wake.set_result(None)
-
     async def _sweep(self) -> None:
         renewals: set[asyncio.Task[None]] = set()
         loop = self.loop
@@ -123,8 +115,14 @@ class AsyncLeaseKeeper:
         keeper = self._current
         if keeper is None or keeper.loop is not asyncio.get_running_loop():
             keeper = self._keeper()
-        keeper.active[item] = (now + interval, interval)
-        keeper.added(now + interval)
+        due = now + interval
+        keeper.active[item] = (due, interval)
+        # Start the loop's sweeper, or wake it if the item is due before it.
+        task = keeper.task
+        if task is None or task.done():
+            keeper.task = keeper.loop.create_task(keeper._sweep())
+        elif due < keeper.wakes_at and keeper.wake is not None and not keeper.wake.done():
+            keeper.wake.set_result(None)
         return now
 
     def discard(self, item: _Renewable) -> float:

@@ -20,6 +20,7 @@ from typing import Any, Generic, TypeVar
 from .._core.call import REPLAYED, Call
 from .._core.codec import RawHeaders
 from .._core.drive import drive
+from .._core.errors import StoreError
 from .._core.http import Answer, Flow
 from .._core.operation import (
     BEGIN,
@@ -95,13 +96,25 @@ class AsyncOperationRun(Generic[V, F]):
         self.store = runner.store
         self.keeper = runner.keeper
         self.tx: AsyncTransaction | None = None
-        self.finalizers: list[Callable[[bool], Awaitable[None]]] = []
+        self.finalizers: list[Callable[[bool], Awaitable[None]]] | None = None  # made on first use
 
     # -- what a shell calls, in order --------------------------------------------------------
 
-    def claim(self) -> Awaitable[str | V]:
-        """See :meth:`Operation.claim` (the drive itself: no wrapper coroutine on the hot path)."""
-        return drive(self.flow.claim(), self)
+    async def claim(self) -> str | V:
+        """See :meth:`Operation.claim`. The first reservation is made here, and its common
+        verdicts come from :meth:`Operation.decided`: no generator, no drive on the hot path."""
+        flow = self.flow
+        config = flow.config
+        try:
+            reservation = await self.store.reserve(
+                flow.record_id, flow.fingerprint, lease=config.lease, ttl=config.ttl
+            )
+        except BaseException as exc:  # the claim's policy decides (as drive throws it in)
+            return await drive(flow.claim(exc), self)
+        verdict = flow.decided(reservation)
+        if verdict is None:
+            return await drive(flow.claim(reservation), self)
+        return verdict
 
     def start(self) -> None:
         """The work starts: renew its lease until it settles."""
@@ -123,6 +136,8 @@ class AsyncOperationRun(Generic[V, F]):
     def add_finalizer(self, finalizer: Callable[[bool], Awaitable[None]]) -> None:
         """Run ``finalizer(ok)`` before the transaction ends (``ok``: it is about to commit),
         e.g. to flush and close an ORM session opened on it."""
+        if self.finalizers is None:
+            self.finalizers = []
         self.finalizers.append(finalizer)
 
     async def mark_committed(self) -> bool:
@@ -196,8 +211,8 @@ class AsyncOperationRun(Generic[V, F]):
                 await tx.close()
             return None
         if op is FINALIZE:
-            finalizers, self.finalizers = self.finalizers, []
-            for finalizer in finalizers:
+            finalizers, self.finalizers = self.finalizers, None
+            for finalizer in finalizers or ():
                 await finalizer(arg)
             return None
         if op is SLEEP:
@@ -225,16 +240,30 @@ class AsyncExchange(AsyncOperationRun[Answer, Flow]):
 
     __slots__ = ()
 
-    def settle(
+    async def settle(
         self, status: int, headers: RawHeaders, body: bytes, omitted: bool
-    ) -> Awaitable[Answer | None]:
-        """See :meth:`Flow.settle` (outside transactional mode its plain twin, whose verdict is
-        always ``None``; no wrapper coroutine on the hot path)."""
+    ) -> Answer | None:
+        """See :meth:`Flow.settle`. Outside transactional mode (its verdict is then always
+        ``None``) the response is stored here: no generator, no drive when the store answers
+        ``True`` (the hot path); :meth:`Operation.completed` takes any other answer."""
         flow = self.flow
         flow.observe(self.keeper.discard(self) - self.started)
-        if not flow.in_tx:
-            return drive(flow.settle_plain(status, headers, body, omitted), self)
-        return drive(flow.settle(status, headers, body, omitted), self)
+        if flow.in_tx:
+            return await drive(flow.settle(status, headers, body, omitted), self)
+        data = flow.stored(status, headers, body, omitted)
+        if data is None:
+            await drive(flow.settle_data(None), self)
+            return None
+        flow.settling = True
+        try:
+            done: object = await self.store.complete(
+                flow.record_id, flow.token, data, ttl=flow.config.ttl
+            )
+        except StoreError as exc:
+            done = exc
+        if done is not True:
+            await drive(flow.completed(data, done), self)
+        return None
 
     async def fail(self, error: BaseException, started: bool) -> Answer | None:
         """See :meth:`Flow.failed`."""

@@ -83,7 +83,7 @@ def fingerprint(
         (
             method.encode("ascii", "replace"),
             path.encode("utf-8", "surrogateescape"),
-            _canonical_query(query_string),
+            _canonical_query(query_string) if query_string else b"",
             b"",
         )
     )

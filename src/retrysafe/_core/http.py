@@ -298,6 +298,22 @@ class Flow(Operation[Answer]):
             )
         if self.config.on_event is not None:
             yield EMIT, "replayed"
+        return self._replay_answer(status, headers, body, omitted)
+
+    def replay_now(self, data: bytes) -> Answer | None:
+        """:meth:`replay` without its generator when it has nothing to report (no hook) and
+        ``data`` reads (the hot path of a replay)."""
+        if self.config.on_event is not None:
+            return None
+        try:
+            status, headers, body, omitted = decode(data)
+        except CodecError:
+            return None  # replay() answers it
+        return self._replay_answer(status, headers, body, omitted)
+
+    def _replay_answer(
+        self, status: int, headers: list[tuple[bytes, bytes]], body: bytes, omitted: bool
+    ) -> Answer:
         if omitted:
             headers = [(n, v) for n, v in headers if n != b"content-length"]
             headers.append((b"content-length", b"0"))
@@ -374,7 +390,7 @@ class Flow(Operation[Answer]):
             ``None``: send the handler's response; or an :class:`Answer` to send instead
             (only while :attr:`holds_response`: the transaction could not commit).
         """
-        data = self._stored(status, headers, body, omitted)
+        data = self.stored(status, headers, body, omitted)
         if self.in_tx:
             return (yield from self.settle_transaction(data))
         yield from self.settle_data(data)
@@ -383,12 +399,13 @@ class Flow(Operation[Answer]):
     def settle_plain(
         self, status: int, headers: RawHeaders, body: bytes, omitted: bool
     ) -> Generator[Action, Any, None]:
-        """:meth:`settle` outside transactional mode (the hot path: the operation's own
-        generator, no delegation); the runner calls it when :attr:`in_tx` is false."""
-        return self.settle_data(self._stored(status, headers, body, omitted))
+        """:meth:`settle` outside transactional mode (the operation's own generator, no
+        delegation)."""
+        return self.settle_data(self.stored(status, headers, body, omitted))
 
-    def _stored(self, status: int, headers: RawHeaders, body: bytes, omitted: bool) -> bytes | None:
-        """The encoded response when the status policy stores it, else ``None``."""
+    def stored(self, status: int, headers: RawHeaders, body: bytes, omitted: bool) -> bytes | None:
+        """The encoded response when the status policy stores it, else ``None`` (outside
+        transactional mode the runner settles with it itself: see :meth:`settle`)."""
         config = self.config
         if not config.should_store(status):
             return None

@@ -267,6 +267,11 @@ class Operation(Generic[V]):
         """A completed record for the same operation: its stored outcome, ``data``."""
         raise NotImplementedError  # pragma: no cover - every layer gives it
 
+    def replay_now(self, data: bytes) -> V | None:
+        """:meth:`replay`'s verdict when giving it takes no action (nothing to report, ``data``
+        readable), else ``None`` (:meth:`replay` runs). For :meth:`decided`."""
+        return None
+
     def reused(self) -> V:
         """The key holds a different operation (the ``mismatch`` event is already emitted)."""
         raise NotImplementedError  # pragma: no cover
@@ -296,8 +301,36 @@ class Operation(Generic[V]):
 
     # -- claim -----------------------------------------------------------------------------
 
-    def claim(self) -> Generator[Action, Any, str | V]:
+    def decided(self, reservation: Reservation) -> str | V | None:
+        """:meth:`claim`'s verdict on the first reservation when reaching it takes no action
+        (the common cases: the key is won and nothing runs before the work; a replay with
+        nothing to report), else ``None``: drive ``claim(reservation)``. A plain call: the
+        runner reserves, then asks this, with no generator on a keyed request's hot path."""
+        token = reservation.token
+        if token is not None:
+            config = self.config
+            if config.transactional or config.on_event is not None or self.won() is not None:
+                return None
+            self.token = token
+            return EXECUTE
+        record = reservation.record
+        if (
+            record is not None
+            and record.fingerprint == self.fingerprint
+            and record.state == "completed"
+            and record.response is not None
+        ):
+            return self.replay_now(record.response)
+        return None
+
+    def claim(
+        self, first: Reservation | BaseException | None = None
+    ) -> Generator[Action, Any, str | V]:
         """Reserve the key and decide.
+
+        Args:
+            first: the first reservation's answer, or what it raised, when the runner made it
+                (:meth:`decided`); ``None``: reserve here.
 
         Returns:
             :data:`EXECUTE` (run the work; the token is held), :data:`RUN_UNPROTECTED`
@@ -308,7 +341,12 @@ class Operation(Generic[V]):
         delay = 0.01
         while True:
             try:
-                reservation: Reservation = yield RESERVE, None
+                if first is None:
+                    reservation: Reservation = yield RESERVE, None
+                elif isinstance(first, BaseException):
+                    raise first
+                else:
+                    reservation, first = first, None
             except StoreError as exc:
                 if config.on_store_error == "fail_open":
                     yield from self._emit("fail_open", error=exc)
@@ -383,10 +421,19 @@ class Operation(Generic[V]):
         try:
             done = yield COMPLETE, data
         except StoreError as exc:
-            yield from self._emit("completion_deferred", error=exc)
+            done = exc
+        if done is not True:
+            yield from self.completed(data, done)
+
+    def completed(self, data: bytes, result: object) -> Steps:
+        """What follows a completion of ``data`` that did not answer ``True``: ``result`` is the
+        store's answer (false: fenced out), or the :class:`StoreError` it raised (the completion
+        goes on in the background). :meth:`settle_data` and the runner's own completion (the
+        hot path, no generator when it answers ``True``) come here."""
+        if isinstance(result, StoreError):
+            yield from self._emit("completion_deferred", error=result)
             yield DEFER, data
-            return
-        if not done:
+        elif not result:
             yield from self._lease_lost_at_completion()
 
     def settle_transaction(self, data: bytes | None) -> Generator[Action, Any, V | None]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import os
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -98,7 +99,7 @@ def other_owner(token: str | None) -> str | None:
     return None if owner == new_token.prefix else owner
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class Record:
     """What a store holds for one scoped key.
 
@@ -118,8 +119,24 @@ class Record:
     lease_remaining: float = 0.0
     committed: bool = False
 
+    def __init__(
+        self,
+        fingerprint: str,
+        state: RecordState,
+        response: bytes | None = None,
+        lease_remaining: float = 0.0,
+        committed: bool = False,
+    ) -> None:
+        # The generated __init__ of a frozen class sets each field through object.__setattr__;
+        # each slot's own setter does the same at half the cost (every replay makes a record).
+        _set_fingerprint(self, fingerprint)
+        _set_state(self, state)
+        _set_response(self, response)
+        _set_lease_remaining(self, lease_remaining)
+        _set_committed(self, committed)
 
-@dataclass(frozen=True, slots=True)
+
+@dataclass(frozen=True, slots=True, init=False)
 class Reservation:
     """The result of :meth:`Store.reserve`: either this call won the key, or the existing record.
 
@@ -131,7 +148,28 @@ class Reservation:
     token: str | None = None
     record: Record | None = None
 
+    def __init__(self, token: str | None = None, record: Record | None = None) -> None:
+        # As Record's (every keyed request makes a reservation).
+        _set_token(self, token)
+        _set_record(self, record)
+
     @property
     def acquired(self) -> bool:
         """Whether this call won the key and must run the request."""
         return self.token is not None
+
+
+def _setter(cls: type, name: str) -> Callable[[object, object], None]:
+    """The setter of a slot of ``cls`` (a frozen class's ``__setattr__`` refuses every
+    assignment; its ``__init__`` sets the fields through these)."""
+    setter: Callable[[object, object], None] = vars(cls)[name].__set__
+    return setter
+
+
+_set_fingerprint = _setter(Record, "fingerprint")
+_set_state = _setter(Record, "state")
+_set_response = _setter(Record, "response")
+_set_lease_remaining = _setter(Record, "lease_remaining")
+_set_committed = _setter(Record, "committed")
+_set_token = _setter(Reservation, "token")
+_set_record = _setter(Reservation, "record")

@@ -34,6 +34,8 @@ class _Entry:
     response: bytes | None = None
     committed: bool = False
     owner: str = ""
+    #: The answer to a reservation of the completed record (the same every time: made once).
+    replay: Reservation | None = None
 
 
 class MemoryStore:
@@ -104,6 +106,11 @@ class MemoryStore:
                     fingerprint, token, now + lease, now + ttl, None, False, owner
                 )
                 return Reservation(token)
+            if entry.response is not None:
+                replay = entry.replay
+                if replay is None:
+                    replay = entry.replay = Reservation(None, self._record(entry, now))
+                return replay
             return Reservation(None, self._record(entry, now))
         finally:
             lock.release()
