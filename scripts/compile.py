@@ -43,6 +43,7 @@ MODULES = (
     "retrysafe/_core/scope.py",
     "retrysafe/_async/_keeper.py",
     "retrysafe/_async/runner.py",
+    "retrysafe/_sync/_keeper.py",
     "retrysafe/_sync/runner.py",
     "retrysafe/_asgi_routes.py",
     "retrysafe/_body.py",

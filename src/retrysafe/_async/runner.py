@@ -280,6 +280,9 @@ class AsyncCallRun(AsyncOperationRun[str, Call]):
             return await function(*args, **kwargs)
         context = CURRENT_CALL.set(self)
         self.start()
+        # Not a `finally`: compiled (mypyc), a coroutine's `finally` that waits while an
+        # exception passes leaves that exception as the thread's current one, which later code
+        # raises again (the next request's, even).
         try:
             try:
                 tx = self.tx
@@ -292,9 +295,12 @@ class AsyncCallRun(AsyncOperationRun[str, Call]):
                 await self.fail(exc)
                 raise
             await self.settle(value)
-        finally:
+        except BaseException:
             CURRENT_CALL.reset(context)
             await self.end()
+            raise
+        CURRENT_CALL.reset(context)
+        await self.end()
         return value
 
     async def settle(self, value: Any) -> None:

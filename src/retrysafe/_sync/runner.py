@@ -278,6 +278,9 @@ class CallRun(OperationRun[str, Call]):
             return function(*args, **kwargs)
         context = CURRENT_CALL.set(self)
         self.start()
+        # Not a `finally`: compiled (mypyc), a coroutine's `finally` that waits while an
+        # exception passes leaves that exception as the thread's current one, which later code
+        # raises again (the next request's, even).
         try:
             try:
                 tx = self.tx
@@ -290,9 +293,12 @@ class CallRun(OperationRun[str, Call]):
                 self.fail(exc)
                 raise
             self.settle(value)
-        finally:
+        except BaseException:
             CURRENT_CALL.reset(context)
             self.end()
+            raise
+        CURRENT_CALL.reset(context)
+        self.end()
         return value
 
     def settle(self, value: Any) -> None:

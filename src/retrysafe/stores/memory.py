@@ -50,7 +50,7 @@ class MemoryStore:
         self._clock = clock
         self._lock = threading.Lock()
         self._entries: dict[str, _Entry] = {}
-        reset_after_fork(self)
+        self._fork_hold = reset_after_fork(self)
 
     def _after_fork(self) -> None:
         """In a forked child: a new lock (one held by another of the parent's threads at the
