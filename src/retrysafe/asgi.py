@@ -213,15 +213,15 @@ class _Execution(AsyncExchange):
                     raise
                 answer = await self.fail(exc, self.status != 0)
                 if answer is None:
-                    raise
+                    raise exc  # by name (see AsyncCallRun.invoke)
                 await self._forward_answer(answer)
             else:
                 if not self.settled:
                     await self.incomplete()
-        except BaseException:
+        except BaseException as exc:
             await self.end()
             del self.scope[CONTEXT_SCOPE_KEY]
-            raise
+            raise exc
         await self.end()
         del self.scope[CONTEXT_SCOPE_KEY]  # the request holds the scope: leave no cycle
 

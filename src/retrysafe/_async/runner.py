@@ -293,12 +293,12 @@ class AsyncCallRun(AsyncOperationRun[str, Call]):
                 value = await function(*args, **kwargs)
             except BaseException as exc:
                 await self.fail(exc)
-                raise
+                raise exc  # by name: compiled, a bare raise after a suspension can raise another
             await self.settle(value)
-        except BaseException:
+        except BaseException as exc:
             CURRENT_CALL.reset(context)
             await self.end()
-            raise
+            raise exc
         CURRENT_CALL.reset(context)
         await self.end()
         return value

@@ -6,7 +6,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal
 
-from ._mypyc import mypyc_attr
 from .errors import ConfigurationError
 from .options import (
     Coerce,
@@ -145,10 +144,6 @@ def _lease_problem(lease: float, ttl: float, ttl_at: str = "ttl") -> str | None:
     return None
 
 
-# Not a native class when compiled: a native class checks each field's type as it is set,
-# before __post_init__ can check and convert it (``ttl="1d"``) or name a wrong one in a
-# ConfigurationError. The same holds for RouteOptions.
-@mypyc_attr(native_class=False)
 @dataclass(frozen=True, kw_only=True, slots=True)
 class IdempotencyConfig:
     """Settings of the idempotency layer (app-wide defaults; routes may override some).
@@ -355,7 +350,6 @@ def config_from(
     return replace(base, **values) if values else base
 
 
-@mypyc_attr(native_class=False)  # as IdempotencyConfig
 @dataclass(frozen=True, kw_only=True, slots=True)
 class RouteOptions:
     """Per-route overrides; ``None`` keeps the app-wide setting.

@@ -407,10 +407,10 @@ class Operation(Generic[V]):
         storable = data is not None
         try:
             yield FINALIZE, storable
-        except BaseException:
+        except BaseException as exc:
             # E.g. an ORM flush failing on a constraint: nothing commits, the key is freed.
             yield from self.abandon()
-            raise
+            raise exc  # by name: compiled, a bare raise after a yield can raise another one
         begun, broken = yield TX_STATE, None
         if data is None:
             yield from self._rollback_and_close()

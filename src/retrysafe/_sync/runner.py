@@ -291,12 +291,12 @@ class CallRun(OperationRun[str, Call]):
                 value = function(*args, **kwargs)
             except BaseException as exc:
                 self.fail(exc)
-                raise
+                raise exc  # by name: compiled, a bare raise after a suspension can raise another
             self.settle(value)
-        except BaseException:
+        except BaseException as exc:
             CURRENT_CALL.reset(context)
             self.end()
-            raise
+            raise exc
         CURRENT_CALL.reset(context)
         self.end()
         return value

@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import ClassVar
 
 from .._core.records import Record, Reservation, new_token
 from ._base import StoreStats
@@ -43,8 +44,9 @@ class MemoryStore:
         clock: returns the current time in seconds (injectable for tests).
     """
 
-    inline_safe = True
-    kind = "memory"
+    # Class variables, also when compiled (mypyc makes a plain class attribute an instance's).
+    inline_safe: ClassVar[bool] = True
+    kind: ClassVar[str] = "memory"
 
     def __init__(self, *, clock: Callable[[], float] = time.time) -> None:
         self._clock = clock
