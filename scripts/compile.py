@@ -23,10 +23,11 @@ SRC = Path(__file__).resolve().parent.parent / "src"
 #: What runs on every keyed request (the shells, the runners, the core's flow and codec, the
 #: memory store), and the call and RPC layers: a Python generator that delegates to a compiled
 #: one (``yield from``) which stops inside an ``except`` block leaves that block's exception as
-#: the thread's current one, so the operation's subclasses are compiled with it. Left out: modules that compiled code cannot hold as they are (``_core/
-#: transaction.py``: runtime-checkable protocols; ``_core/errors.py``: exceptions users and the
-#: client subclass; ``_core/config.py``: compiled, its dataclasses would check each field's type
-#: before ``__post_init__`` reads ``ttl="1d"`` or names a wrong option, and would carry mypyc's
+#: the thread's current one, so the operation's subclasses are compiled with it. Left out:
+#: modules that compiled code cannot hold as they are (``_core/transaction.py``:
+#: runtime-checkable protocols; ``_core/errors.py``: exceptions users and the client subclass;
+#: ``_core/config.py``: compiled, its dataclasses would check each field's type before
+#: ``__post_init__`` reads ``ttl="1d"`` or names a wrong option, and would carry mypyc's
 #: stand-ins for their annotations), what runs once per process, and ``_core/_mypyc.py``.
 MODULES = (
     "retrysafe/_core/call/layer.py",
