@@ -50,8 +50,10 @@ unasync: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-# Three pytest-xdist workers (a test file stays on one worker): most tests wait on servers,
-# workers and brokers they start, so three share two cores well. PYTEST_XDIST=0 runs serially.
+# Three pytest-xdist workers: most tests wait on servers, workers and brokers they start, so
+# three share two cores well. A test file stays on one worker (its module fixtures: servers,
+# brokers), except in the unit, contract and calls suites, whose tests are spread one by one
+# (tests/conftest.py's scheduler for --dist loadfile). PYTEST_XDIST=0 runs serially.
 PYTEST_XDIST ?= 3
 unit: $(STAMP)
 	$(BIN)/pytest -m "not chaos" $(if $(filter-out 0,$(PYTEST_XDIST)),-n $(PYTEST_XDIST) --dist loadfile) $(PYTEST_ARGS)
@@ -100,8 +102,9 @@ test-compiled: compiled
 matrix: $(STAMP)
 	$(BIN)/pytest tests/install $(PYTEST_ARGS)
 
-test: lint typecheck package unit
-	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+# The package (built, checked by twine, each extra installed from it) and the strict site build
+# are tests of the suite (tests/install, tests/docs), not steps of their own.
+test: lint typecheck unit
 
 # The documentation site: build it, then serve it on http://127.0.0.1:$(DOCS_PORT)/ (8001, so it
 # runs beside `make demo` on PORT's 8000; make docs DOCS_PORT=9001).

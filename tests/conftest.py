@@ -7,7 +7,7 @@ import os
 import socket
 import uuid
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import pytest
@@ -34,6 +34,28 @@ def service_missing(name: str, reason: str) -> None:
     if IN_CI:
         pytest.fail(f"{message} (CI=true: services must be up)", pytrace=False)
     pytest.skip(message)
+
+
+#: Suites whose tests share no module- or session-wide fixture (each test makes its own store,
+#: app and names): their tests are spread one by one over the workers.
+SPREAD_SUITES = ("tests/unit/", "tests/contract/", "tests/calls/")
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadfile`` (``make test``) keeps each test file on one worker (its module
+    fixtures start servers, workers, brokers), except the tests of :data:`SPREAD_SUITES`, each a
+    unit of its own: test_wire.py alone holds over a thousand of them. Largest files first, the
+    single tests last, to even out the end of the run."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class FilesAndSpreadSuites(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return nodeid if path.startswith(SPREAD_SUITES) else path
+
+    return FilesAndSpreadSuites(config, log)
 
 
 def pytest_report_header() -> str:

@@ -2,7 +2,8 @@
 
 The hand-written twin of ``_async/_keeper.py`` (same method names). Leases are renewed by one
 daemon thread per middleware and process (restarted after ``fork``, so a pre-forking server's
-workers each renew their own), never by the request's thread, which is busy in the handler.
+workers each renew their own; ended after :data:`IDLE_SECONDS` with nothing to renew), never by
+the request's thread, which is busy in the handler.
 """
 
 from __future__ import annotations
@@ -18,6 +19,10 @@ from ..stores._fork import reset_after_fork
 __all__ = ["LeaseKeeper"]
 
 logger = logging.getLogger("retrysafe")
+
+#: How long a keeper's thread stays with nothing to renew before it ends (the next handler
+#: starts another): an app made per test, or per tenant, must not leave a thread behind each.
+IDLE_SECONDS = 5.0
 
 
 class _Renewable(Protocol):
@@ -86,12 +91,20 @@ class LeaseKeeper:
         return time.monotonic()
 
     def _sweep(self) -> None:
+        idle_since = -1.0
         while True:
             with self._cond:
                 now = time.monotonic()
                 due = [item for item, (at, _) in self._active.items() if at <= now]
                 for item in due:
                     self._active[item] = (now + self._active[item][1], self._active[item][1])
+                if self._active:
+                    idle_since = -1.0
+                elif idle_since < 0:
+                    idle_since = now
+                elif now - idle_since >= IDLE_SECONDS:
+                    self._sweeper = None  # under the lock: the next add starts another
+                    return
                 if not due:
                     wait = min((at for at, _ in self._active.values()), default=now + 60) - now
                     wait = min(1.0, max(0.005, wait))
