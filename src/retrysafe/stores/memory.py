@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
 
+from .._core._mypyc import mypyc_attr
 from .._core.records import Record, Reservation, new_token
 from ._base import StoreStats
 from ._fork import reset_after_fork
@@ -37,6 +38,7 @@ class _Entry:
     owner: str = ""
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # compiled, still open to Python subclasses
 class MemoryStore:
     """Keeps records in this process's memory (lost on restart, not shared between processes).
 
