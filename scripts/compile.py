@@ -21,13 +21,17 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parent.parent / "src"
 
 #: What runs on every keyed request (the shells, the runners, the core's flow and codec, the
-#: memory store). Left out: modules that compiled code cannot hold as they are (``_core/
-#: transaction.py``: runtime-checkable protocols; ``_core/errors.py``: exceptions users and the
-#: client subclass; ``_sync/_keeper.py``: its keepers are weakly referenced for the fork hook,
-#: which a native class does not allow) and what runs once per process.
+#: memory store), and the call and RPC layers: a Python generator that delegates to a compiled
+#: one (``yield from``) which stops inside an ``except`` block leaves that block's exception as
+#: the thread's current one, so the operation's subclasses are compiled with it. Left out:
+#: modules that compiled code cannot hold as they are (``_core/transaction.py``:
+#: runtime-checkable protocols; ``_core/errors.py``: exceptions users and the client subclass;
+#: ``_core/config.py``: compiled, its dataclasses would check each field's type before
+#: ``__post_init__`` reads ``ttl="1d"`` or names a wrong option, and would carry mypyc's
+#: stand-ins for their annotations), what runs once per process, and ``_core/_mypyc.py``.
 MODULES = (
+    "retrysafe/_core/call/layer.py",
     "retrysafe/_core/codec.py",
-    "retrysafe/_core/config.py",
     "retrysafe/_core/drive.py",
     "retrysafe/_core/drive_sync.py",
     "retrysafe/_core/events.py",
@@ -40,9 +44,11 @@ MODULES = (
     "retrysafe/_core/records.py",
     "retrysafe/_core/request.py",
     "retrysafe/_core/routes.py",
+    "retrysafe/_core/rpc.py",
     "retrysafe/_core/scope.py",
     "retrysafe/_async/_keeper.py",
     "retrysafe/_async/runner.py",
+    "retrysafe/_sync/_keeper.py",
     "retrysafe/_sync/runner.py",
     "retrysafe/_asgi_routes.py",
     "retrysafe/_body.py",

@@ -3,10 +3,11 @@
 Starlette (and FastAPI) build their middleware stack inside their first call, which is the
 lifespan scope: an error raised there makes uvicorn log "ASGI 'lifespan' protocol appears
 unsupported", start anyway, and answer every request ``500`` with a traceback. So when
-``Middleware(IdempotencyMiddleware, ...)`` is refused during that build, the middleware becomes
-a :class:`StartupFailure`: the lifespan start-up fails with the error's message (uvicorn logs
-it and exits non-zero), and a server that runs no lifespan gets a plain ``500`` per request
-(the message logged once), never a traceback. Anywhere else the error is raised at once.
+``Middleware(IdempotencyMiddleware, ...)`` is refused during that build, the middleware hands
+every scope to a :class:`StartupFailure`: the lifespan start-up fails with the error's message
+(uvicorn logs it and exits non-zero), and a server that runs no lifespan gets a plain ``500``
+per request (the message logged once), never a traceback. Anywhere else the error is raised at
+once.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from collections.abc import Awaitable, Callable, Iterator, MutableMapping
 from types import FrameType
 from typing import Any
 
+from ._core.config import IdempotencyConfig
 from ._core.errors import ConfigurationError
 
 __all__ = ["StartupFailure", "start_up_checks"]
@@ -36,8 +38,8 @@ _HEADERS = [
 @contextlib.contextmanager
 def start_up_checks(middleware: Any) -> Iterator[None]:
     """Let a :class:`ConfigurationError` of the block through, unless Starlette is building
-    its middleware stack lazily: then turn ``middleware`` (which keeps its ``app``) into a
-    :class:`StartupFailure` for it, and skip the rest of the block.
+    its middleware stack lazily: then skip the rest of the block and make ``middleware`` (which
+    has set its ``app``) pass every scope to a :class:`StartupFailure` over that app.
 
     Raises:
         ConfigurationError: from the block, outside Starlette's lazy build.
@@ -47,9 +49,12 @@ def start_up_checks(middleware: Any) -> Iterator[None]:
     except ConfigurationError as exc:
         if not _starlette_is_building():
             raise
-        middleware.__class__ = StartupFailure
-        middleware.error = exc
-        middleware.logged = False
+        # The middleware passes to its app what its settings do not protect: with no method
+        # protected, that is every scope. Its class stays (the compiled build's cannot change).
+        refused = IdempotencyConfig()
+        object.__setattr__(refused, "methods", frozenset())
+        middleware.config = refused
+        middleware.app = StartupFailure(middleware.app, exc)
 
 
 def _starlette_is_building() -> bool:
@@ -67,17 +72,21 @@ def _starlette_is_building() -> bool:
 
 
 class StartupFailure:
-    """A middleware whose settings were refused: fails the lifespan start-up with the message,
-    answers HTTP requests a plain ``500``, passes other scopes (websockets) to its app.
+    """The app of a middleware whose settings were refused: fails the lifespan start-up with
+    the message, answers HTTP requests a plain ``500``, passes other scopes (websockets) to the
+    app.
 
-    Attributes:
-        app: the app it wraps.
+    Args:
+        app: the app the middleware wraps.
         error: why it was refused.
     """
 
-    app: Callable[[Scope, Receive, Send], Awaitable[None]]
-    error: ConfigurationError
-    logged: bool
+    def __init__(
+        self, app: Callable[[Scope, Receive, Send], Awaitable[None]], error: ConfigurationError
+    ) -> None:
+        self.app = app
+        self.error = error
+        self.logged = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         message = f"retrysafe.ConfigurationError: {self.error}"

@@ -208,23 +208,29 @@ class _Execution(AsyncExchange):
 
     async def _run(self) -> None:
         self.start()
-        try:
-            await self.app(self.scope, self._receive, self._send)
+        try:  # not a `finally` (see AsyncCallRun.invoke)
+            try:
+                await self.app(self.scope, self._receive, self._send)
+            except BaseException as exc:
+                if self.settled:
+                    raise
+                answer = await self.fail(exc, self.status != 0)
+                if answer is None:
+                    raise exc  # by name (see AsyncCallRun.invoke)
+                await self._forward_answer(answer)
+            else:
+                if not self.settled:
+                    await self.incomplete()
         except BaseException as exc:
-            if self.settled:
-                raise
-            answer = await self.fail(exc, self.status != 0)
-            if answer is None:
-                raise
-            await self._forward_answer(answer)
-        else:
-            if not self.settled:
-                await self.incomplete()
-        finally:
             steps = self.flow.finish()  # end(), written out: no coroutine when nothing is open
             if steps is not None:
                 await drive(steps, self)
-            del self.scope[CONTEXT_SCOPE_KEY]  # the request holds the scope: leave no cycle
+            del self.scope[CONTEXT_SCOPE_KEY]
+            raise exc
+        steps = self.flow.finish()
+        if steps is not None:
+            await drive(steps, self)
+        del self.scope[CONTEXT_SCOPE_KEY]  # the request holds the scope: leave no cycle
 
     def _detach(self) -> bool:
         mode = self.flow.config.detach_handler

@@ -309,6 +309,9 @@ class AsyncCallRun(AsyncOperationRun[str, Call]):
             return await function(*args, **kwargs)
         context = CURRENT_CALL.set(self)
         self.start()
+        # Not a `finally`: compiled (mypyc), a coroutine's `finally` that waits while an
+        # exception passes leaves that exception as the thread's current one, which later code
+        # raises again (the next request's, even).
         try:
             try:
                 tx = self.tx
@@ -319,11 +322,14 @@ class AsyncCallRun(AsyncOperationRun[str, Call]):
                 value = await function(*args, **kwargs)
             except BaseException as exc:
                 await self.fail(exc)
-                raise
+                raise exc  # by name: compiled, a bare raise after a suspension can raise another
             await self.settle(value)
-        finally:
+        except BaseException as exc:
             CURRENT_CALL.reset(context)
             await self.end()
+            raise exc
+        CURRENT_CALL.reset(context)
+        await self.end()
         return value
 
     async def settle(self, value: Any) -> None:

@@ -30,6 +30,7 @@ import math
 from collections.abc import Generator, Mapping
 from typing import Any, Generic, TypeVar
 
+from ._mypyc import mypyc_attr
 from .config import IdempotencyConfig
 from .errors import StoreError
 from .events import LOG_LEVELS, log_event
@@ -205,6 +206,9 @@ def report(
             logger.exception("on_event hook failed")
 
 
+# Layers outside the compiled build subclass it (Call, RpcFlow): a native class allows that only
+# when it says so. Its native subclasses (Flow) lose nothing by it.
+@mypyc_attr(allow_interpreted_subclasses=True)
 class Operation(Generic[V]):
     """One keyed operation from its reservation to its settlement: the phases every layer shares.
 
@@ -450,10 +454,10 @@ class Operation(Generic[V]):
         storable = data is not None
         try:
             yield FINALIZE, storable
-        except BaseException:
+        except BaseException as exc:
             # E.g. an ORM flush failing on a constraint: nothing commits, the key is freed.
             yield from self.abandon()
-            raise
+            raise exc  # by name: compiled, a bare raise after a yield can raise another one
         begun, broken = yield TX_STATE, None
         if data is None:
             yield from self._rollback_and_close()

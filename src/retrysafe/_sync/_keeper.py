@@ -9,20 +9,16 @@ the request's thread, which is busy in the handler.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
-import weakref
 from collections.abc import Callable
 from typing import Any, Protocol
+
+from ..stores._fork import reset_after_fork
 
 __all__ = ["LeaseKeeper"]
 
 logger = logging.getLogger("retrysafe")
-
-#: Every keeper of this process, reset in a forked child (a pre-forking server's workers each
-#: renew their own leases): one fork hook for all, no per-request ``getpid``.
-_KEEPERS: weakref.WeakSet[LeaseKeeper] = weakref.WeakSet()
 
 #: How long a keeper's thread stays with nothing to renew before it ends (the next handler
 #: starts another): an app made per test, or per tenant, must not leave a thread behind each.
@@ -33,20 +29,20 @@ class _Renewable(Protocol):
     def renew(self) -> bool: ...
 
 
-def _after_fork() -> None:
-    for keeper in list(_KEEPERS):
-        keeper._reset()
-
-
 class LeaseKeeper:
     """Renews the leases of the running handlers of one middleware and runs background work."""
 
     def __init__(self) -> None:
         self._reset()
-        _KEEPERS.add(self)
+        # Reset in a forked child (a pre-forking server's workers each renew their own leases):
+        # one fork hook for all, no per-request ``getpid``.
+        self._fork_hold = reset_after_fork(self)
+
+    def _after_fork(self) -> None:
+        self._reset()
 
     def _reset(self) -> None:
-        # Also run in a forked child (see _after_fork): the parent's thread and lock are not ours.
+        # Also run in a forked child (_after_fork): the parent's thread and lock are not ours.
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._active: dict[_Renewable, tuple[float, float]] = {}
@@ -122,6 +118,3 @@ class LeaseKeeper:
                     continue
                 if not ok:
                     self.discard(item)
-
-
-os.register_at_fork(after_in_child=_after_fork)

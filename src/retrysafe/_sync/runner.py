@@ -307,6 +307,9 @@ class CallRun(OperationRun[str, Call]):
             return function(*args, **kwargs)
         context = CURRENT_CALL.set(self)
         self.start()
+        # Not a `finally`: compiled (mypyc), a coroutine's `finally` that waits while an
+        # exception passes leaves that exception as the thread's current one, which later code
+        # raises again (the next request's, even).
         try:
             try:
                 tx = self.tx
@@ -317,11 +320,14 @@ class CallRun(OperationRun[str, Call]):
                 value = function(*args, **kwargs)
             except BaseException as exc:
                 self.fail(exc)
-                raise
+                raise exc  # by name: compiled, a bare raise after a suspension can raise another
             self.settle(value)
-        finally:
+        except BaseException as exc:
             CURRENT_CALL.reset(context)
             self.end()
+            raise exc
+        CURRENT_CALL.reset(context)
+        self.end()
         return value
 
     def settle(self, value: Any) -> None:

@@ -33,9 +33,35 @@ class ForkAware(Protocol):
 _registered: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
-def reset_after_fork(obj: ForkAware) -> None:
-    """Call ``obj._after_fork()`` in every child forked while ``obj`` is alive."""
-    _registered.add(obj)
+class _Held:
+    """Stands in :data:`_registered` for an object that takes no weak reference: an instance of
+    a class the compiled build compiled (mypyc's native classes have no ``__weakref__``)."""
+
+    __slots__ = ("__weakref__", "obj")
+
+    def __init__(self, obj: ForkAware) -> None:
+        self.obj = obj
+
+    def _after_fork(self) -> None:
+        self.obj._after_fork()
+
+
+def reset_after_fork(obj: ForkAware) -> object:
+    """Call ``obj._after_fork()`` in every child forked while ``obj`` is alive.
+
+    Returns:
+        What ``obj`` keeps (in an attribute) for as long as it lives: ``None`` when ``obj`` is
+        weakly referenced, as a Python class's instance is; else what holds ``obj`` in its
+        place (compiled classes), which ``obj`` holds in turn: the two go together, when the
+        cyclic garbage collector finds them.
+    """
+    try:
+        _registered.add(obj)
+    except TypeError:  # cannot create weak reference
+        held = _Held(obj)
+        _registered.add(held)
+        return held
+    return None
 
 
 def neuter_socket(fd: int) -> None:

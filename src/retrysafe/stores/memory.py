@@ -14,7 +14,9 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import ClassVar
 
+from .._core._mypyc import mypyc_attr
 from .._core.records import Record, Reservation, new_token
 from ._base import StoreStats
 from ._fork import reset_after_fork
@@ -38,6 +40,7 @@ class _Entry:
     replay: Reservation | None = None
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # compiled, still open to Python subclasses
 class MemoryStore:
     """Keeps records in this process's memory (lost on restart, not shared between processes).
 
@@ -45,14 +48,15 @@ class MemoryStore:
         clock: returns the current time in seconds (injectable for tests).
     """
 
-    inline_safe = True
-    kind = "memory"
+    # Class variables, also when compiled (mypyc makes a plain class attribute an instance's).
+    inline_safe: ClassVar[bool] = True
+    kind: ClassVar[str] = "memory"
 
     def __init__(self, *, clock: Callable[[], float] = time.time) -> None:
         self._clock = clock
         self._lock = threading.Lock()
         self._entries: dict[str, _Entry] = {}
-        reset_after_fork(self)
+        self._fork_hold = reset_after_fork(self)
 
     def _after_fork(self) -> None:
         """In a forked child: a new lock (one held by another of the parent's threads at the

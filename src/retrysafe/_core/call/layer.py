@@ -71,7 +71,7 @@ class Call(Operation[str]):
             self.value = self.spec.decode(data)
         except CodecError as exc:
             yield from self._emit("store_error", error=exc, phase="replay")
-            raise
+            raise exc  # by name (see Operation.settle_transaction)
         return REPLAYED
 
     def reused(self) -> str:
@@ -139,11 +139,11 @@ class Call(Operation[str]):
         """
         try:
             data = self.spec.encode_result(value)
-        except CodecError:
+        except CodecError as exc:
             if not self.in_tx:
                 self.committed = True  # the effect happened: outcome unknown, never a rerun
             yield from self.abandon()
-            raise
+            raise exc  # by name (see Operation.settle_transaction)
         if self.in_tx:
             yield from self.settle_transaction(data)
         else:
