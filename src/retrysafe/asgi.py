@@ -182,8 +182,7 @@ class _Execution(AsyncExchange):
         self.body: bytes | None = body
         self.status = 0
         self.headers: RawHeaders = ()
-        # The body as it will be stored (a Capture, written out: no object, no call per chunk):
-        # every chunk while there is room, past max_stored_body_size none.
+        # The body as stored (a Capture written out): each chunk while there is room, else none.
         self.chunks: list[bytes] = []
         self.room = self.flow.config.max_stored_body_size
         self.settled = self.client_gone = self.omitted = False
@@ -222,12 +221,10 @@ class _Execution(AsyncExchange):
                 if not self.settled:
                     await self.incomplete()
         except BaseException as exc:
-            steps = self.flow.finish()  # end(), written out: no coroutine when nothing is open
-            if steps is not None:
-                await drive(steps, self)
+            await self.end()
             del self.scope[CONTEXT_SCOPE_KEY]
             raise exc
-        steps = self.flow.finish()
+        steps = self.flow.finish()  # end(), written out: no coroutine when nothing is open
         if steps is not None:
             await drive(steps, self)
         del self.scope[CONTEXT_SCOPE_KEY]  # the request holds the scope: leave no cycle
@@ -235,9 +232,8 @@ class _Execution(AsyncExchange):
     def _detach(self) -> bool:
         mode = self.flow.config.detach_handler
         if mode == "auto":
-            # uvicorn never cancels a request when its client goes away (it reports
-            # http.disconnect), so no task is needed there. Told by receive, not send: frameworks
-            # wrap send (Starlette's error middleware does) but pass the server's receive on.
+            # uvicorn never cancels a request whose client left (it reports http.disconnect): no
+            # task. Told by receive: frameworks wrap send (Starlette does), not the receive.
             server = getattr(self.receive, "__self__", None)
             return not type(server).__module__.startswith("uvicorn.")
         return mode == "always"
@@ -295,9 +291,7 @@ class _Execution(AsyncExchange):
             return
         try:
             await self.send(message)
-        except OSError:
-            # The client went away. Keep going: the response is still captured and stored, so
-            # the client's retry gets the replay (guarantee 4).
+        except OSError:  # the client went away: its retry gets the stored replay (guarantee 4)
             self.client_gone = True
 
     async def _forward_answer(self, answer: Answer) -> None:
