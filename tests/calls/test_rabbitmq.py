@@ -26,6 +26,10 @@ ROOT = Path(__file__).resolve().parents[2]
 AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
 MESSAGES = 60
 DUPLICATED = 10
+# Each consumer acknowledges every 50 messages, more than its share (the 70 deliveries are dealt
+# round robin to two): a consumer killed mid-way has acknowledged none of what it handled, and a
+# consumer running ahead of this test's reads cannot reach a batch's end before its kill.
+BATCH = ("--ack-every", "50")
 
 
 @pytest.fixture
@@ -36,6 +40,9 @@ def queue() -> Iterator[str]:
     except OSError as exc:
         service_missing("RabbitMQ", f"127.0.0.1:5672 unreachable ({exc})")
     name = f"rs-test-{RUN_ID}-{uuid.uuid4().hex[:8]}"
+    connection = pika.BlockingConnection(pika.URLParameters(AMQP_URL))
+    connection.channel().queue_declare(queue=name, durable=True)
+    connection.close()
     yield name
     connection = pika.BlockingConnection(pika.URLParameters(AMQP_URL))
     connection.channel().queue_delete(queue=name)
@@ -46,7 +53,6 @@ def publish(queue: str) -> list[str]:
     """The producer: every order once, the first ``DUPLICATED`` twice (a retried publish)."""
     connection = pika.BlockingConnection(pika.URLParameters(AMQP_URL))
     channel = connection.channel()
-    channel.queue_declare(queue=queue, durable=True)
     channel.confirm_delivery()
     ids = [f"charge-{i}" for i in range(MESSAGES)]
     for message_id in ids + ids[:DUPLICATED]:
@@ -55,6 +61,18 @@ def publish(queue: str) -> list[str]:
         channel.basic_publish("", queue, body.encode(), properties)
     connection.close()
     return ids
+
+
+def wait_for_consumers(queue: str, count: int, timeout: float = 60.0) -> None:
+    """Until ``count`` consumers are on the queue: then the broker deals messages to each in turn
+    (published before, they would all go to whichever consumer came first)."""
+    connection = pika.BlockingConnection(pika.URLParameters(AMQP_URL))
+    channel = connection.channel()
+    deadline = time.monotonic() + timeout
+    while channel.queue_declare(queue=queue, passive=True).method.consumer_count < count:
+        assert time.monotonic() < deadline, f"{count} consumers did not come in {timeout} s"
+        time.sleep(0.05)
+    connection.close()
 
 
 class Consumer:
@@ -94,11 +112,12 @@ class Consumer:
 
 def test_each_message_has_one_effect_across_killed_consumers(queue: str, tmp_path: Path) -> None:
     db = tmp_path / "charges.db"
-    ids = publish(queue)
-    consumers = [Consumer(queue, db), Consumer(queue, db)]  # two at once, sharing the queue
+    consumers = [Consumer(queue, db, *BATCH), Consumer(queue, db, *BATCH)]  # sharing the queue
     try:
+        wait_for_consumers(queue, 2)
+        ids = publish(queue)
         consumers[0].read(15)
-        consumers[0].kill()  # up to a batch of handled messages were not acknowledged
+        consumers[0].kill()  # what it handled was not acknowledged: delivered again
         consumers[1].read(15)
         consumers[1].kill()
         last = Consumer(queue, db, "--idle-exit", "3")
